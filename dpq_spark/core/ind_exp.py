@@ -1,0 +1,180 @@
+"""IndExp and AppIndExp: one single-quantile exponential mechanism per quantile.
+
+IndExp splits ``epsilon`` evenly (basic composition, pure DP). AppIndExp gives each quantile the
+largest ``eps0`` that the tight composition bound of Dong, Durfee and Rogers (2020) allows for a
+target ``(epsilon, delta)``. Both are the baselines of Gillenwater, Joseph and Kulesza (2021).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpq_spark.core._random import resolve_rng
+from dpq_spark.core._request import QuantileRequest, validate_request
+from dpq_spark.core._sorted_data import sort_data
+from dpq_spark.core._validation import check_delta
+from dpq_spark.core.composition import app_ind_exp_epsilon
+from dpq_spark.core.privacy import NeighboringRelation, single_quantile_sensitivity
+from dpq_spark.core.single_quantile import sample_quantile
+
+__all__ = ["ind_exp", "app_ind_exp"]
+
+
+def _independent(request: QuantileRequest, x, c, eps_each: float, rng) -> np.ndarray:
+    data = sort_data(x, c, request.lower, request.upper)
+    out = np.array(
+        [
+            sample_quantile(
+                data,
+                request.lower,
+                request.upper,
+                float(q),
+                eps_each,
+                single_quantile_sensitivity(float(q), request.neighboring),
+                rng,
+            )
+            for q in request.quantiles
+        ]
+    )
+    return np.sort(out)
+
+
+def ind_exp(
+    values,
+    quantiles,
+    *,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    neighboring: str | NeighboringRelation = "add_remove",
+    counts=None,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
+    """Estimate m quantiles with m independent exponential mechanisms, ``epsilon / m`` each.
+
+    Parameters
+    ----------
+    values : array_like of float
+        The private data, 1-d. Values outside ``[lower, upper]`` are clamped; NaN is an error.
+    quantiles : array_like of float
+        Strictly increasing quantiles in (0, 1).
+    epsilon : float
+        Total privacy budget, finite and > 0.
+    lower, upper : float
+        Public bounds with ``lower < upper``.
+    neighboring : {"add_remove", "swap"} or NeighboringRelation, default "add_remove"
+        Which datasets are neighbours.
+    counts : array_like of int, optional
+        Multiplicity of each entry of ``values``: the same distribution as
+        ``np.repeat(values, counts)``, computed without expanding.
+    rng : numpy.random.Generator, optional
+        Source of randomness; ``None`` draws fresh OS entropy.
+
+    Returns
+    -------
+    numpy.ndarray
+        m estimates, sorted, float64, in ``[lower, upper]``.
+
+    Raises
+    ------
+    ValueError
+        If an argument breaks its rule (the message names it).
+    TypeError
+        If an argument has the wrong type.
+
+    Notes
+    -----
+    Quantile ``q`` is drawn from the density proportional to
+    ``exp(-(epsilon / m) |#{x < o} - q n| / (2 Delta_q))`` on ``[lower, upper]`` with
+    ``Delta_q = 1`` (swap) or ``max(q, 1 - q)`` (add/remove) (Smith 2011); see
+    :mod:`dpq_spark.core.single_quantile`. Time O(n log n + m n).
+
+    Privacy
+    -------
+    ``epsilon``-differential privacy (pure), by basic composition of m ``epsilon/m``-DP
+    mechanisms, for the chosen neighbouring relation; one row (one unit of multiplicity) is the
+    unit of privacy. Assumes ``lower``, ``upper`` and ``quantiles`` are chosen without looking at
+    the data.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).normal(size=1000)
+    >>> ind_exp(x, [0.25, 0.5, 0.75], epsilon=1.0, lower=-10, upper=10,
+    ...         rng=np.random.default_rng(1)).shape
+    (3,)
+    """
+    request, x, c = validate_request(
+        values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
+    )
+    gen = resolve_rng(rng)
+    return _independent(request, x, c, request.epsilon / request.m, gen)
+
+
+def app_ind_exp(
+    values,
+    quantiles,
+    *,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    neighboring: str | NeighboringRelation = "add_remove",
+    counts=None,
+    rng: np.random.Generator | None = None,
+    delta: float = 1e-6,
+) -> np.ndarray:
+    """Estimate m quantiles with independent exponential mechanisms under tight composition.
+
+    Each quantile gets ``eps0 = app_ind_exp_epsilon(epsilon, delta, m)``, the largest
+    per-mechanism epsilon for which the bound of Dong, Durfee and Rogers (2020, Theorem 3) gives
+    ``(epsilon, delta)``-DP overall. At ``epsilon = 1``, ``delta = 1e-6``: ``eps0`` is about 1.00,
+    0.233, 0.155 and 0.087 for m = 1, 5, 10 and 30 (the paper's 0.01-grid gives 1.0, 0.23, 0.15,
+    0.083).
+
+    Parameters
+    ----------
+    values, quantiles, epsilon, lower, upper, neighboring, counts, rng
+        As in :func:`ind_exp`.
+    delta : float, default 1e-6
+        The overall delta, in (0, 1).
+
+    Returns
+    -------
+    numpy.ndarray
+        m estimates, sorted, float64, in ``[lower, upper]``.
+
+    Raises
+    ------
+    ValueError
+        If an argument breaks its rule (the message names it).
+    TypeError
+        If an argument has the wrong type.
+
+    Notes
+    -----
+    The per-quantile draws are those of :func:`ind_exp` with ``eps0`` in place of
+    ``epsilon / m``. The composition is non-adaptive (all m mechanisms are fixed in advance), as
+    Theorem 3 requires.
+
+    Privacy
+    -------
+    ``(epsilon, delta)``-differential privacy (approximate, not pure) for the chosen neighbouring
+    relation; one row (one unit of multiplicity) is the unit of privacy. Each single draw is
+    ``eps0``-DP. Assumes ``lower``, ``upper`` and ``quantiles`` are chosen without looking at the
+    data.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).normal(size=1000)
+    >>> app_ind_exp(x, [0.5], epsilon=1.0, lower=-10, upper=10,
+    ...             rng=np.random.default_rng(1)).shape
+    (1,)
+    """
+    dlt = check_delta(delta)
+    request, x, c = validate_request(
+        values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
+    )
+    gen = resolve_rng(rng)
+    eps0 = app_ind_exp_epsilon(request.epsilon, dlt, request.m)
+    return _independent(request, x, c, eps0, gen)

@@ -1,0 +1,72 @@
+"""The quantile mechanisms by name, for the Spark layer and the experiments.
+
+Every entry has the signature
+``f(values, quantiles, *, epsilon, lower, upper, neighboring="add_remove", counts=None, rng=None,
+**extra) -> numpy.ndarray`` (m sorted float64 estimates in ``[lower, upper]``); ``counts`` gives
+integer multiplicities with exactly the distribution of ``np.repeat(values, counts)``.
+
+====================  ===========================  ==================  =========================
+name                  guarantee                    neighbouring        extra keyword arguments
+====================  ===========================  ==================  =========================
+``joint_exp``         pure ``epsilon``-DP          add_remove, swap    (none)
+``ind_exp``           pure ``epsilon``-DP          add_remove, swap    (none)
+``app_ind_exp``       ``(epsilon, delta)``-DP      add_remove, swap    ``delta=1e-6``
+``smooth``            ``(epsilon, delta)``-DP      swap only           ``delta=1e-6``
+``csmooth``           ``epsilon**2/2``-zCDP        swap only           ``t=None``
+``agg_tree``          pure ``epsilon``-DP          add_remove, swap    ``branching=16, height=4``
+``approx_quantiles``  pure ``epsilon``-DP          add_remove, swap    (none)
+====================  ===========================  ==================  =========================
+
+``GUARANTEES`` maps each name to ``"pure"``, ``"approx"`` or ``"zcdp"`` so that a caller can refuse
+a mechanism whose guarantee is not the one it promises its users (``epsilon`` means a different
+thing under zCDP). ``SWAP_ONLY`` lists the mechanisms that refuse add/remove neighbours.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from dpq_spark.core.agg_tree import agg_tree
+from dpq_spark.core.approx_quantiles import approx_quantiles
+from dpq_spark.core.ind_exp import app_ind_exp, ind_exp
+from dpq_spark.core.joint_exp import joint_exp
+from dpq_spark.core.smooth import csmooth, smooth
+
+__all__ = ["MECHANISMS", "GUARANTEES", "SWAP_ONLY", "get_mechanism"]
+
+MECHANISMS: dict[str, Callable] = {
+    "joint_exp": joint_exp,
+    "ind_exp": ind_exp,
+    "app_ind_exp": app_ind_exp,
+    "smooth": smooth,
+    "csmooth": csmooth,
+    "agg_tree": agg_tree,
+    "approx_quantiles": approx_quantiles,
+}
+
+GUARANTEES: dict[str, str] = {
+    "joint_exp": "pure",
+    "ind_exp": "pure",
+    "app_ind_exp": "approx",
+    "smooth": "approx",
+    "csmooth": "zcdp",
+    "agg_tree": "pure",
+    "approx_quantiles": "pure",
+}
+
+SWAP_ONLY: frozenset[str] = frozenset({"smooth", "csmooth"})
+
+
+def get_mechanism(name: str) -> Callable:
+    """Return the mechanism registered as ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not registered; the message lists the registered names.
+    """
+    try:
+        return MECHANISMS[name]
+    except (KeyError, TypeError):
+        allowed = ", ".join(repr(k) for k in MECHANISMS)
+        raise ValueError(f"`mechanism` must be one of {allowed}, got {name!r}") from None
