@@ -1,0 +1,112 @@
+"""The Spark transformations behind ``dp_quantiles`` (DataFrame API and built-in functions only).
+
+Each function takes and returns a lazy DataFrame; none of them runs a job. Nothing here chooses
+a path from the data: every branch depends only on public arguments.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dpq_spark.spark._release import CELL, COUNT, UNITS
+
+__all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "restrict_to_keys", "bound_contributions",
+           "cell_counts", "placeholder_rows"]
+
+VALUE = "__dpq_value"
+UNIT = "__dpq_unit"
+_RAND = "__dpq_rand"
+_GROUP_RANK = "__dpq_group_rank"
+_ROW_RANK = "__dpq_row_rank"
+
+
+def key_frame(df: DataFrame, keys: tuple[str, ...], groups) -> DataFrame:
+    """The public keys as a distinct DataFrame with the key columns typed as in ``df``."""
+    spark = df.sparkSession
+    fields = [T.StructField(k, df.schema[k].dataType, True) for k in keys]
+    if isinstance(groups, DataFrame):
+        frame = groups.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in fields])
+        return frame.distinct()
+    try:
+        return spark.createDataFrame(groups, schema=T.StructType(fields))
+    except (TypeError, ValueError) as exc:
+        types = {f.name: f.dataType.simpleString() for f in fields}
+        raise TypeError(
+            f"`groups` values must match the types of the `group_by` columns {types}: {exc}"
+        ) from None
+
+
+def clean_rows(req) -> DataFrame:
+    """Keys, privacy unit and the value as double; rows with a null or NaN value (or a null
+    privacy unit) are dropped, each on its own, which keeps the step stable for DP."""
+    value = F.col(req.column).cast("double")
+    cols = [F.col(k) for k in req.keys] + [value.alias(VALUE)]
+    if req.privacy_unit is not None:
+        cols.append(F.col(req.privacy_unit).alias(UNIT))
+    rows = req.df.select(*cols)
+    keep = F.col(VALUE).isNotNull() & ~F.isnan(F.col(VALUE))
+    if req.privacy_unit is not None:
+        keep = keep & F.col(UNIT).isNotNull()
+    return rows.where(keep)
+
+
+def restrict_to_keys(rows: DataFrame, keys: tuple[str, ...], key_df: DataFrame,
+                     broadcast: bool) -> DataFrame:
+    """Keep only rows whose key is listed (null-safe match, so a listed null key matches)."""
+    renamed = key_df.select(*[F.col(k).alias(f"__dpq_k{i}") for i, k in enumerate(keys)])
+    if broadcast:
+        renamed = F.broadcast(renamed)
+    cond = reduce(lambda a, b: a & b,
+                  [F.col(k).eqNullSafe(F.col(f"__dpq_k{i}")) for i, k in enumerate(keys)])
+    return rows.join(renamed, on=cond, how="left_semi")
+
+
+def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, max_groups: int,
+                        row_seed: int, group_seed: int) -> DataFrame:
+    """Keep at most ``max_groups`` groups per unit and ``max_rows`` rows per (unit, group).
+
+    Groups are ranked per unit by ``xxhash64(group_seed, unit, key...)``, a pseudo-random order
+    keyed by a secret seed; rows by ``rand(row_seed)``. Both choices depend only on the unit's
+    own rows and the seeds, so adding or removing one unit leaves the other units' kept rows
+    identically distributed. Adds ``UNITS`` = 1 on exactly one kept row per (unit, group).
+    """
+    rows = rows.withColumn(_RAND, F.rand(row_seed))
+    per_group = Window.partitionBy(UNIT, *keys).orderBy(_RAND)
+    rows = rows.withColumn(_ROW_RANK, F.row_number().over(per_group))
+    keep = F.col(_ROW_RANK) <= max_rows
+    if keys:
+        ghash = F.xxhash64(F.lit(group_seed), F.col(UNIT), *[F.col(k) for k in keys])
+        per_unit = Window.partitionBy(UNIT).orderBy(ghash, *keys)
+        rows = rows.withColumn(_GROUP_RANK, F.dense_rank().over(per_unit))
+        keep = keep & (F.col(_GROUP_RANK) <= max_groups)
+    first = F.when(F.col(_ROW_RANK) == 1, F.lit(1)).otherwise(F.lit(0))
+    return rows.where(keep).select(*keys, VALUE, first.alias(UNITS))
+
+
+def cell_counts(rows: DataFrame, keys: tuple[str, ...], lower: float, upper: float,
+                resolution: int, with_units: bool) -> DataFrame:
+    """Clamp to ``[lower, upper]``, map to the grid cell, count rows per (key..., cell).
+
+    Cell ``k`` covers ``[lower + k w, lower + (k + 1) w)`` with ``w = (upper - lower) /
+    resolution``; ``upper`` itself falls in the last cell.
+    """
+    width = (upper - lower) / resolution
+    clamped = F.least(F.greatest(F.col(VALUE), F.lit(lower)), F.lit(upper))
+    cell = F.least(F.floor((clamped - F.lit(lower)) / F.lit(width)), F.lit(resolution - 1))
+    cell = F.greatest(cell, F.lit(0)).cast("int")
+    aggs = [F.count(F.lit(1)).alias(COUNT)]
+    if with_units:
+        aggs.append(F.sum(UNITS).cast("long").alias(UNITS))
+    return rows.groupBy(*keys, cell.alias(CELL)).agg(*aggs)
+
+
+def placeholder_rows(key_df: DataFrame, keys: tuple[str, ...], with_units: bool) -> DataFrame:
+    """One row per public key with cell -1 and count 0, so a key with no data still gets a call."""
+    cols = [F.col(k) for k in keys] + [F.lit(-1).cast("int").alias(CELL), F.lit(0).cast("long").alias(COUNT)]
+    if with_units:
+        cols.append(F.lit(0).cast("long").alias(UNITS))
+    return key_df.select(*cols)

@@ -1,0 +1,36 @@
+"""Look up a quantile mechanism of ``dpq_spark.core`` by name (no pyspark here).
+
+``"joint_exp"`` is always there. If ``dpq_spark.core.mechanisms`` exists, its ``MECHANISMS``
+dict (name -> callable with the signature of :func:`dpq_spark.core.joint_exp`) adds the
+baselines. The lookup is lazy so that this module works with or without the registry.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["available_mechanisms", "get_mechanism"]
+
+
+def available_mechanisms() -> dict[str, Callable]:
+    """Return the mechanisms that ``dp_quantiles`` accepts, by name."""
+    from dpq_spark.core import joint_exp
+
+    found: dict[str, Callable] = {"joint_exp": joint_exp}
+    try:
+        from dpq_spark.core.mechanisms import MECHANISMS
+    except ModuleNotFoundError as exc:
+        if exc.name != "dpq_spark.core.mechanisms":
+            raise
+    else:
+        found.update(MECHANISMS)
+    return found
+
+
+def get_mechanism(name, argument: str = "mechanism") -> Callable:
+    """Return the mechanism called ``name``; raise ``ValueError`` naming ``argument`` if unknown."""
+    known = available_mechanisms()
+    if not isinstance(name, str) or name not in known:
+        allowed = ", ".join(repr(k) for k in sorted(known))
+        raise ValueError(f"`{argument}` must be one of {allowed}, got {name!r}")
+    return known[name]

@@ -1,0 +1,62 @@
+"""Shared pytest fixtures.
+
+``spark``: the ONE session-scoped SparkSession of the suite (``local[2]``, 4 shuffle partitions,
+UI off, UTC, Arrow on). It reuses an active session when there is one and never stops a session
+it did not start. Tests that need pyspark should take this fixture; core tests must not.
+
+``standalone_cluster``: a real Spark standalone master and worker on 127.0.0.1 for
+``spark-submit`` tests; see :mod:`tests.cluster`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # make `tests/cluster.py` importable as `cluster`
+
+SPARK_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.default.parallelism": "2",
+    "spark.driver.memory": "2g",
+}
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """Session-scoped local[2] SparkSession (reuses the active one if present)."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master("local[2]").appName("dpq_spark-tests")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster():
+    """A standalone master + one worker on 127.0.0.1, stopped at teardown.
+
+    Yields a :class:`cluster.StandaloneCluster` whose ``master_url`` is
+    ``spark://127.0.0.1:PORT``; use ``cluster.spark_submit(...)`` to send a job to it.
+    """
+    pytest.importorskip("pyspark")
+    from cluster import StandaloneCluster
+
+    with StandaloneCluster() as running:
+        yield running
