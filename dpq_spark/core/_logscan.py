@@ -1,0 +1,100 @@
+"""Segmented log-sum-exp scans: the exact building block of JointExp's Toeplitz steps.
+
+``segmented_logcumsumexp(z, starts)`` returns, for every element, ``log(sum(exp(z[l])))`` over the
+elements of its segment up to and including it. Only positive terms are ever added, so no
+cancellation can occur: every output has a small *relative* error (a few ulps per level), however
+far apart the magnitudes are. This is what lets JointExp keep the tiny entries that an FFT-based
+convolution rounds to zero.
+
+Layout: each segment is cut into rows of ``W`` elements; a row is scanned in linear space after
+subtracting the row maximum (one ``exp``, one ``cumsum``, one ``log``); rows whose partial sums fall
+into the subnormal range (a row spanning more than ~690 nats) are rescanned exactly with
+``numpy.logaddexp.accumulate``; row totals are then carried across the rows of a segment by the
+same routine, recursively.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["segmented_logcumsumexp", "segment_ends"]
+
+# Partial sums below this (relative to the row maximum) would be subnormal or lose digits.
+_TINY = 1e-280
+
+
+def segment_ends(starts: np.ndarray, size: int) -> np.ndarray:
+    """Index of the last element of each segment, given the sorted segment starts."""
+    return np.append(starts[1:], size) - 1
+
+
+def _row_scan(m: np.ndarray) -> np.ndarray:
+    """Inclusive log-cumsum-exp along axis 1 of a 2-d array padded with -inf."""
+    row_max = m.max(axis=1)
+    row_max[~np.isfinite(row_max)] = 0.0
+    e = np.exp(m - row_max[:, None])
+    np.cumsum(e, axis=1, out=e)
+    finite_row = np.isfinite(m).any(axis=1)
+    # A partial sum that underflowed (or came close) loses relative precision: redo those rows.
+    bad = finite_row & ((e < _TINY) & np.isfinite(m)).any(axis=1)
+    with np.errstate(divide="ignore"):
+        out = np.log(e)
+    out += row_max[:, None]
+    if bad.any():
+        out[bad] = np.logaddexp.accumulate(m[bad], axis=1)
+    return out
+
+
+def segmented_logcumsumexp(z: np.ndarray, starts: np.ndarray, width: int = 128) -> np.ndarray:
+    """Inclusive log-cumsum-exp of ``z`` restarted at every index in ``starts``.
+
+    Parameters
+    ----------
+    z : numpy.ndarray
+        1-d float64 log values; ``-inf`` is allowed.
+    starts : numpy.ndarray
+        Sorted int64 indices where segments begin; ``starts[0]`` must be 0.
+    width : int
+        Row width of the blocked layout.
+
+    Returns
+    -------
+    numpy.ndarray
+        Array like ``z``.
+    """
+    size = z.shape[0]
+    if size == 0:
+        return z.copy()
+    nseg = starts.shape[0]
+    lengths = np.diff(np.append(starts, size))
+    w = int(min(width, max(1, -(-size // nseg))))
+    rows_per_seg = -(-lengths // w)
+    row_base = np.zeros(nseg, dtype=np.int64)
+    np.cumsum(rows_per_seg[:-1], out=row_base[1:])
+    nrows = int(rows_per_seg.sum())
+    seg_of = np.repeat(np.arange(nseg), lengths)
+    offset = np.arange(size) - starts[seg_of]
+    row = row_base[seg_of] + offset // w
+    flat = row * w + offset % w
+    m = np.full(nrows * w, -np.inf)
+    m[flat] = z
+    scanned = _row_scan(m.reshape(nrows, w)).ravel()
+    out = scanned[flat]
+    if rows_per_seg.max() > 1:
+        totals = scanned.reshape(nrows, w)[:, -1]
+        inclusive = segmented_logcumsumexp(totals, row_base, width)
+        carry = np.empty(nrows)
+        carry[0] = -np.inf
+        carry[1:] = inclusive[:-1]
+        carry[row_base] = -np.inf
+        out = np.logaddexp(out, carry[row])
+    return out
+
+
+def segmented_logcumsumexp_reverse(z: np.ndarray, starts: np.ndarray, width: int = 128) -> np.ndarray:
+    """Inclusive suffix version: each element gets the log-sum-exp from itself to its segment's end."""
+    size = z.shape[0]
+    if size == 0:
+        return z.copy()
+    rev_starts = (size - 1 - segment_ends(starts, size))[::-1]
+    return segmented_logcumsumexp(z[::-1], np.ascontiguousarray(rev_starts), width)[::-1]

@@ -1,0 +1,473 @@
+"""JointExp: m differentially private quantiles from one exponential-mechanism draw.
+
+Gillenwater, Joseph and Kulesza, "Differentially Private Quantiles", ICML 2021. The math, with the
+choices made for dpq_spark, is in ``shared/papers/ALGORITHMS.md`` section 1; this module samples
+that distribution exactly, in log space, with O(m) memory per cell of the band it works on.
+
+Notation (as in ALGORITHMS.md). The clamped data and the bounds split [lower, upper] into *cells*
+``[e_i, e_{i+1})`` of positive width ``w_i`` between consecutive distinct values; ``p_i`` is the
+number of data points ``<= e_i`` (the rank of any output in cell i). Zero-width intervals of the
+paper (duplicates, points on a bound) have probability 0 and are simply not cells. Targets
+``t_j = (q_j - q_{j-1}) n`` for j = 1..m+1, cumulative targets ``P_j = q_j n``, ``c = eps / (2 Delta)``
+and the kernel ``phi_j(g) = exp(-c |g - t_j|)``.
+
+Three facts make the sampler fast without changing its distribution:
+
+1. *Runs.* Several outputs in one cell carry ``w^k / k!``; the weight of a run of k outputs ending
+   at output j in cell i is ``A_{j-k+1}(i) * prod_{t=j-k+2..j} (phi_t(0) w_i) / k!`` where ``A`` is
+   the one-output ("k = 1") slice, so only ``A`` is stored. The sum over k stops once an upper
+   bound on the remaining terms is below ``2**-72`` of the sum so far (:func:`_run_sums`).
+2. *Toeplitz steps in O(K).* The kernel is two-sided geometric in the gap, so
+   ``sum_{i'} phi_j(p_i - p_{i'}) exp(S(i'))`` splits into a causal part (gap >= t_j, a decaying
+   running sum) and a window part (gap < t_j) read from suffix/prefix scans within blocks of
+   positions of length ``0.75 t_j`` (van Herk / Gil-Werman). Every sum adds positive terms only
+   (:mod:`dpq_spark.core._logscan`), so small entries keep their relative precision.
+3. *Bands.* Any output sequence with output j in cell i has utility ``<= -2 |p_i - P_j|`` (triangle
+   inequality on the first j gaps and on the last m+1-j), so the mass of all sequences through
+   (j, i) is at most ``exp(-2c |p_i - P_j|) w_i (b-a)^{m-1} / ((j-1)! (m-j)!)``. The normaliser is at
+   least the mass of one reference sequence near the true quantiles. Cells whose bound, summed over
+   every pruned (j, i), stays below ``2**-60`` of that lower bound are left out of step j
+   (:func:`_bands`). Leaving them out changes every probability the sampler uses by a relative
+   amount below ``2**-60``, under float64's own rounding of the normalised weights (``2**-53``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import gammaln
+
+from dpq_spark.core import _validation as v
+from dpq_spark.core._logscan import (
+    segment_ends,
+    segmented_logcumsumexp,
+    segmented_logcumsumexp_reverse,
+)
+from dpq_spark.core._random import resolve_rng
+from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
+
+__all__ = ["joint_exp"]
+
+_LOG_RUN_TOL = 72 * math.log(2.0)  # run-sum truncation: remaining terms < 2**-72 of the sum
+_LOG_BAND_TOL = 60 * math.log(2.0)  # band pruning: pruned mass < 2**-60 of the normaliser
+
+
+def joint_exp(
+    values,
+    quantiles,
+    *,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    neighboring: str | NeighboringRelation = "add_remove",
+    counts=None,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
+    """Release m quantiles of ``values`` with one draw of the JointExp exponential mechanism.
+
+    Parameters
+    ----------
+    values : array_like of float
+        The private data, in any order. Values outside ``[lower, upper]`` (also ±inf) are clamped
+        to the bounds. NaN is an error. Empty data is allowed.
+    quantiles : array_like of float
+        Strictly increasing, each in (0, 1). Their number m may exceed ``len(values)``.
+    epsilon : float
+        Privacy parameter, finite and > 0.
+    lower, upper : float
+        Public, finite bounds with ``lower < upper``, chosen without looking at the data.
+    neighboring : {"add_remove", "swap"} or NeighboringRelation
+        ``"add_remove"`` (default): utility sensitivity ``2 (1 - min_j (q_j - q_{j-1}))`` with
+        ``q_0 = 0, q_{m+1} = 1``. ``"swap"``: sensitivity 2.
+    counts : array_like of int, optional
+        Non-negative integer multiplicities of ``values``. The result has exactly the
+        distribution of ``joint_exp(np.repeat(values, counts), ...)``, at a cost that grows with
+        ``len(values)``, not with ``sum(counts)``.
+    rng : numpy.random.Generator, optional
+        Source of randomness. ``None`` (default) draws a fresh generator from OS entropy.
+
+    Returns
+    -------
+    numpy.ndarray
+        m sorted float64 estimates in ``[lower, upper]``, the j-th for ``quantiles[j]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it; raised before any sampling.
+
+    Privacy
+    -------
+    epsilon-DP (pure) for the whole vector of m estimates, under the chosen neighbouring relation
+    (add/remove or swap of one element of ``values``, that is one unit of ``counts``). The unit of
+    privacy is one row. Assumes ``lower``, ``upper`` and ``quantiles`` are public (not derived
+    from the data). The output is a sample of the exponential mechanism with utility
+    ``u(o) = -sum_{j=1}^{m+1} |#{x in [o_{j-1}, o_j)} - (q_j - q_{j-1}) n|``.
+
+    Notes
+    -----
+    The interval sequence ``s = (i_1 <= ... <= i_m)`` is drawn with probability proportional to
+    ``exp(eps u(s) / (2 Delta)) prod_j |I_{i_j}| / prod_i count_s(i)!``, backwards, then one uniform
+    point per output inside its interval, then sorted. Cost: sorting the data, then O(m K) for the
+    K cells within the bands (see the module docstring); memory O(m K).
+
+    References
+    ----------
+    J. Gillenwater, M. Joseph, A. Kulesza, "Differentially Private Quantiles", ICML 2021.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).normal(0, 5, 10_000)
+    >>> joint_exp(x, [0.25, 0.5, 0.75], epsilon=1.0, lower=-100, upper=100,
+    ...           rng=np.random.default_rng(1)).round(1)  # doctest: +SKIP
+    array([-3.4,  0. ,  3.4])
+    """
+    q = v.check_quantiles(quantiles)
+    eps = v.check_epsilon(epsilon)
+    a, b = v.check_bounds(lower, upper)
+    if not math.isfinite(b - a):
+        raise ValueError(f"`upper - lower` must be finite, got lower={lower!r}, upper={upper!r}")
+    relation = NeighboringRelation.parse(neighboring)
+    x = v.check_values(values)
+    c_arr = None if counts is None else v.check_counts(counts, x.shape[0])
+    gen = resolve_rng(rng)
+    delta_u = joint_exp_sensitivity(q, relation)
+    return _sample(x, c_arr, q, eps / (2.0 * delta_u), a, b, gen)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Cells
+
+
+def _cells(x: np.ndarray, counts: np.ndarray | None, a: float, b: float):
+    """Clamp, sort and merge the data into cells.
+
+    Returns ``(edges, log_width, pos, n)``: cell i is ``[edges[i], edges[i+1])`` with
+    ``log_width[i] = log(edges[i+1] - edges[i]) > -inf`` and ``pos[i]`` the number of data points
+    ``<= edges[i]`` (float64, exact below 2**53).
+    """
+    x = np.clip(x, a, b)
+    if counts is not None:
+        keep = counts > 0
+        x, counts = x[keep], counts[keep]
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    if xs.size:
+        first = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1])))
+        distinct = xs[first]
+        if counts is None:
+            mult = np.diff(np.append(first, xs.size))
+        else:
+            mult = np.add.reduceat(counts[order], first)
+    else:
+        distinct = xs
+        mult = np.zeros(0, dtype=np.int64)
+    n = int(mult.sum())
+    edges = np.unique(np.concatenate(([a], distinct, [b])))
+    at_edge = np.zeros(edges.size, dtype=np.int64)
+    at_edge[np.searchsorted(edges, distinct)] = mult
+    pos = np.cumsum(at_edge)[:-1].astype(np.float64)
+    log_width = np.log(np.diff(edges))
+    return edges, log_width, pos, n
+
+
+# --------------------------------------------------------------------------------------------
+# Bands
+
+
+def _bands(log_width, pos, n, q, c, a, b):
+    """Contiguous ranges ``[lo_j, hi_j)`` of cells that step j must keep (see module docstring)."""
+    m = q.size
+    K = pos.size
+    cum_target = q * n  # P_j
+    # Reference sequence: per j, the cell near P_j maximising log w - 2c |p - P_j|, made monotone.
+    centre = np.searchsorted(pos, cum_target, side="right") - 1
+    span = np.arange(-32, 33)
+    cand = np.clip(centre[:, None] + span[None, :], 0, K - 1)
+    score = log_width[cand] - 2.0 * c * np.abs(pos[cand] - cum_target[:, None])
+    ref = np.maximum.accumulate(cand[np.arange(m), np.argmax(score, axis=1)])
+    log_z_low = _log_sequence_weight(ref, log_width, pos, n, q, c)
+    j = np.arange(1, m + 1)
+    log_volume = (m - 1) * math.log(b - a) - gammaln(j) - gammaln(m - j + 1)
+    slack = log_volume + math.log(b - a) + math.log(m) + _LOG_BAND_TOL - log_z_low
+    half = np.maximum(slack, 0.0) / (2.0 * c)
+    lo = np.searchsorted(pos, cum_target - half, side="left")
+    hi = np.searchsorted(pos, cum_target + half, side="right")
+    # The reference cells always lie inside (their bound exceeds the normaliser's lower bound).
+    lo = np.minimum(lo, ref)
+    hi = np.maximum(hi, ref + 1)
+    return lo, hi
+
+
+def _log_sequence_weight(seq, log_width, pos, n, q, c) -> float:
+    """log of exp(c u(s)) prod w / prod k! for a nondecreasing cell sequence ``seq``."""
+    ranks = np.concatenate(([0.0], pos[seq], [float(n)]))
+    targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
+    util = -np.abs(np.diff(ranks) - targets).sum()
+    _, run_lengths = np.unique(seq, return_counts=True)
+    return float(c * util + log_width[seq].sum() - gammaln(run_lengths + 1).sum())
+
+
+# --------------------------------------------------------------------------------------------
+# Toeplitz step
+
+
+def _kernel_sums(src_pos, src_log, rec_pos, t, c):
+    """``log sum_{i': src_pos[i'] < rec_pos[i]} exp(src_log[i'] - c |rec_pos[i] - src_pos[i'] - t|)``.
+
+    Sources and receivers are sorted by position. Exact up to a few ulps of relative error.
+    """
+    out = np.full(rec_pos.size, -np.inf)
+    if src_pos.size == 0 or rec_pos.size == 0:
+        return out
+    T = rec_pos - t  # a source at p contributes exp(-c (T - p)) if p <= T, exp(-c (p - T)) if p > T
+    lo = np.searchsorted(src_pos, T, side="right")  # sources [0, lo) are causal
+    hi = np.searchsorted(src_pos, rec_pos, side="left")  # sources [lo, hi) are in the window
+    lo = np.minimum(lo, hi)  # only when t = 0 (n = 0): a source must lie strictly left
+    tau = 0.75 * t if t > 0 else 1.0  # t = 0 only when n = 0: no window part then
+    block = np.floor(src_pos / tau)
+    starts = np.flatnonzero(np.concatenate(([True], block[1:] != block[:-1])))
+    nseg = starts.size
+    seg = np.repeat(np.arange(nseg), np.diff(np.append(starts, src_pos.size)))
+    base = block[starts] * tau
+    local = src_pos - base[seg]  # in [0, tau) up to rounding
+    z_plus = src_log + c * local
+    z_minus = src_log - c * local
+    pre_plus = segmented_logcumsumexp(z_plus, starts)
+    pre_minus = segmented_logcumsumexp(z_minus, starts)
+    suf_minus = segmented_logcumsumexp_reverse(z_minus, starts)
+    ends = segment_ends(starts, src_pos.size)
+    tot_plus = pre_plus[ends]
+    tot_minus = pre_minus[ends]
+
+    # Decayed sum of all sources of earlier segments, taken at each segment's base:
+    # carry[s] = log sum_{i' in segments < s} exp(src_log[i'] - c (base[s] - p_{i'})).
+    carry = np.full(nseg, -np.inf)
+    running = -math.inf
+    for s in range(1, nseg):
+        prev = float(np.logaddexp(running, tot_plus[s - 1]))
+        running = prev - c * float(base[s] - base[s - 1])
+        carry[s] = running
+
+    # Causal part.
+    has_causal = lo > 0
+    if has_causal.any():
+        last = lo[has_causal] - 1
+        s_last = seg[last]
+        shift = c * (T[has_causal] - base[s_last])
+        out[has_causal] = np.logaddexp(carry[s_last], pre_plus[last]) - shift
+
+    # Window part: sources [lo, hi) = suffix of lo's segment, whole segments between, prefix of
+    # (hi - 1)'s segment. Blocks are shorter than t, so at most one whole segment lies between.
+    has_window = lo < hi
+    if has_window.any():
+        idx = np.flatnonzero(has_window)
+        first, last = lo[idx], hi[idx] - 1
+        s_first, s_last = seg[first], seg[last]
+        Ti = T[idx]
+        same = s_first == s_last
+        win = np.full(idx.size, -np.inf)
+        # Same segment: must be a prefix (first is the segment start) or a suffix (last is its end).
+        if same.any():
+            k = np.flatnonzero(same)
+            is_prefix = first[k] == starts[s_first[k]]
+            is_suffix = last[k] == ends[s_first[k]]
+            kp = k[is_prefix]
+            win[kp] = pre_minus[last[kp]] - c * (base[s_first[kp]] - Ti[kp])
+            ks = k[~is_prefix & is_suffix]
+            win[ks] = suf_minus[first[ks]] - c * (base[s_first[ks]] - Ti[ks])
+            kd = k[~is_prefix & ~is_suffix]
+            for r in kd:  # interior range: cannot happen for exact block ids; kept for safety
+                sl = slice(int(first[r]), int(last[r]) + 1)
+                win[r] = np.logaddexp.reduce(src_log[sl] - c * (src_pos[sl] - Ti[r]))
+        diff = np.flatnonzero(~same)
+        if diff.size:
+            sf, sl_ = s_first[diff], s_last[diff]
+            head = suf_minus[first[diff]] - c * (base[sf] - Ti[diff])
+            tail = pre_minus[last[diff]] - c * (base[sl_] - Ti[diff])
+            part = np.logaddexp(head, tail)
+            mid = sl_ - sf == 2
+            if mid.any():
+                sm = sf[mid] + 1
+                part[mid] = np.logaddexp(part[mid], tot_minus[sm] - c * (base[sm] - Ti[diff][mid]))
+            wide = sl_ - sf > 2
+            for r in np.flatnonzero(wide):  # impossible with blocks of 0.75 t; kept for safety
+                sl = slice(int(first[diff][r]), int(last[diff][r]) + 1)
+                part[r] = np.logaddexp.reduce(src_log[sl] - c * (src_pos[sl] - Ti[diff][r]))
+            win[diff] = part
+        out[idx] = np.logaddexp(out[idx], win)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Forward pass
+
+
+class _Forward:
+    """The forward tables over the bands: ``A_j`` (k = 1 slices) and prefix maxima for runs."""
+
+    def __init__(self, log_width, pos, n, q, c, lo, hi):
+        self.log_width, self.pos, self.n, self.q, self.c = log_width, pos, n, q, c
+        self.lo, self.hi = lo, hi
+        self.m = q.size
+        self.cum_target = q * n
+        self.targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
+        self.A: list[np.ndarray] = []  # A_j on band j, stored minus nu[j]
+        self.G_max: list[np.ndarray] = []  # max_{j'<=j} (A_j' - Lambda_j') on band j, true scale
+        self.nu = np.zeros(self.m)
+        self.S_last: np.ndarray | None = None
+
+    def _band(self, j: int) -> slice:  # j is 1-based
+        return slice(int(self.lo[j - 1]), int(self.hi[j - 1]))
+
+    def run(self) -> None:
+        for j in range(1, self.m + 1):
+            band = self._band(j)
+            L = self.log_width[band]
+            p = self.pos[band]
+            if j == 1:
+                A = L - self.c * np.abs(p - self.targets[0])
+                nu_a = 0.0
+            else:
+                prev = self._band(j - 1)
+                A = L + _kernel_sums(self.pos[prev], self.S_last, p, self.targets[j - 1], self.c)
+                nu_a = self.nu[j - 2]
+            self._store(j, A, nu_a)
+            self.nu[j - 1] = nu_a
+            S = self.run_sums(j)
+            shift = float(np.max(S))
+            if not math.isfinite(shift):  # cannot happen: the reference sequence has mass
+                raise FloatingPointError("JointExp forward pass lost all mass")
+            self.A[-1] -= shift
+            self.nu[j - 1] = nu_a + shift
+            self.S_last = S - shift
+
+    def _store(self, j: int, A: np.ndarray, nu_a: float) -> None:
+        band = self._band(j)
+        lam = self._log_lambda(j, band)
+        G = A + nu_a - lam
+        if j > 1:
+            prev = self._band(j - 1)
+            ov_lo, ov_hi = max(band.start, prev.start), min(band.stop, prev.stop)
+            if ov_lo < ov_hi:
+                mine = slice(ov_lo - band.start, ov_hi - band.start)
+                theirs = self.G_max[-1][ov_lo - prev.start : ov_hi - prev.start]
+                G[mine] = np.maximum(G[mine], theirs)
+        self.A.append(A)
+        self.G_max.append(G)
+
+    def _log_lambda(self, j: int, band: slice) -> np.ndarray:
+        """Lambda_j(i) = sum_{t<=j} log(phi_t(0) w_i) = -c P_j + j log w_i."""
+        return -self.c * self.cum_target[j - 1] + j * self.log_width[band]
+
+    def _A_true_on(self, jp: int, band: slice) -> np.ndarray:
+        """A_{jp} (true scale) on the cells of ``band``; -inf where outside band jp."""
+        own = self._band(jp)
+        out = np.full(band.stop - band.start, -np.inf)
+        lo, hi = max(band.start, own.start), min(band.stop, own.stop)
+        if lo < hi:
+            out[lo - band.start : hi - band.start] = self.A[jp - 1][lo - own.start : hi - own.start] + self.nu[jp - 1]
+        return out
+
+    def _G_max_on(self, jp: int, band: slice) -> np.ndarray:
+        own = self._band(jp)
+        out = np.full(band.stop - band.start, -np.inf)
+        lo, hi = max(band.start, own.start), min(band.stop, own.stop)
+        if lo < hi:
+            out[lo - band.start : hi - band.start] = self.G_max[jp - 1][lo - own.start : hi - own.start]
+        return out
+
+    def run_sums(self, j: int) -> np.ndarray:
+        """S_j = log sum_k alpha(j, i, k) on band j, minus nu_j (the scale of the stored A_j)."""
+        band = self._band(j)
+        acc = self.A[j - 1].copy()
+        if j == 1:
+            return acc
+        scale = self.nu[j - 1]
+        L = self.log_width[band]
+        lam_j = self._log_lambda(j, band) - scale
+        active = np.arange(acc.size)
+        for k in range(2, j + 1):
+            jp = j - k + 1  # the run of k outputs starts at output jp
+            # Every term with run start <= jp is at most exp(G_max_jp + Lambda_j) / k'! with
+            # k' >= k, and sum_{k' >= k} 1/k'! <= 2/k!.
+            bound = self._G_max_on(jp, band)[active] + lam_j[active] + math.log(2.0) - gammaln(k + 1)
+            active = active[bound >= acc[active] - _LOG_RUN_TOL]
+            if active.size == 0:
+                break
+            term = (
+                self._A_true_on(jp, band)[active]
+                - scale
+                - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1])
+                + (k - 1) * L[active]
+                - gammaln(k + 1)
+            )
+            acc[active] = np.logaddexp(acc[active], term)
+        return acc
+
+    def run_terms_single(self, j: int, i: int) -> np.ndarray:
+        """log alpha(j, i, k) for k = 1..j at one global cell i (true scale minus nu_j)."""
+        scale = self.nu[j - 1]
+        terms = np.full(j, -np.inf)
+        Li = self.log_width[i]
+        for k in range(1, j + 1):
+            jp = j - k + 1
+            lo, hi = int(self.lo[jp - 1]), int(self.hi[jp - 1])
+            if not lo <= i < hi:
+                continue
+            A_true = self.A[jp - 1][i - lo] + self.nu[jp - 1]
+            terms[k - 1] = (
+                A_true
+                - scale
+                - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1])
+                + (k - 1) * Li
+                - gammaln(k + 1)
+            )
+        return terms
+
+
+def _draw_log(log_w: np.ndarray, gen: np.random.Generator) -> int:
+    """Index drawn with probability proportional to exp(log_w), by inverse CDF."""
+    top = np.max(log_w)
+    w = np.exp(log_w - top)
+    cdf = np.cumsum(w)
+    u = gen.random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), log_w.size - 1))
+
+
+def _sample(x, counts, q, c, a, b, gen):
+    """Draw from JointExp. Returns ``(sorted outputs, interval ranks per output)``.
+
+    The ranks ``pos`` of the chosen cells identify the paper's intervals ``I_{rank}`` and are
+    returned for the exactness tests.
+    """
+    edges, log_width, pos, n = _cells(x, counts, a, b)
+    m = q.size
+    lo, hi = _bands(log_width, pos, n, q, c, a, b)
+    fw = _Forward(log_width, pos, n, q, c, lo, hi)
+    fw.run()
+
+    cell_of = np.empty(m, dtype=np.int64)
+    # Last run: weight S_m(i) * phi_{m+1}(n - p_i).
+    j = m
+    band = fw._band(m)
+    log_w = fw.S_last - c * np.abs(n - pos[band] - fw.targets[m])
+    i = band.start + _draw_log(log_w, gen)
+    while True:
+        k = 1 + _draw_log(fw.run_terms_single(j, i), gen)
+        cell_of[j - k : j] = i
+        j -= k
+        if j == 0:
+            break
+        band = fw._band(j)
+        S = fw.run_sums(j)
+        stop = min(band.stop, i) - band.start  # predecessors lie strictly left of cell i
+        log_w = S[:stop] - c * np.abs(pos[i] - pos[band][:stop] - fw.targets[j])
+        i = band.start + _draw_log(log_w, gen)
+
+    lows = edges[cell_of]
+    highs = edges[cell_of + 1]
+    out = np.sort(gen.uniform(lows, highs))
+    return np.clip(out, a, b), pos[cell_of].astype(np.int64)
