@@ -50,9 +50,8 @@ def ddr_delta(eps0: float, m: int, epsilon: float) -> float:
         t = min(max((epsilon + (ell + 1) * eps0) / (m + 1), 0.0), eps0)
         # p_t = (e^{-t} - e^{-eps0}) / (1 - e^{-eps0}), in logs.
         log_1m_p = math.log(-math.expm1(-t)) - math.log(-math.expm1(-eps0)) if t > 0 else -math.inf
-        with np.errstate(divide="ignore"):
-            diff = math.exp(-t) - math.exp(-eps0)
-            log_p = math.log(diff) - math.log(-math.expm1(-eps0)) if diff > 0 else -math.inf
+        # log(e^{-t} - e^{-eps0}) = -t + log(1 - e^{-(eps0 - t)}), exact also for large t.
+        log_p = -t + math.log(-math.expm1(-(eps0 - t))) - math.log(-math.expm1(-eps0)) if t < eps0 else -math.inf
         exponent = m * t - i * eps0
         positive = exponent > epsilon
         if not positive.any():
@@ -77,7 +76,7 @@ def _app_ind_exp_epsilon(epsilon: float, delta: float, m: int) -> float:
     if ddr_delta(lo, m, epsilon) > delta:  # pragma: no cover - basic composition is always valid
         return lo
     hi = 2.0 * epsilon
-    while ddr_delta(hi, m, epsilon) <= delta:
+    while ddr_delta(hi, m, epsilon) <= delta:  # delta(eps0) -> 1 as eps0 grows: this ends
         lo, hi = hi, 2.0 * hi
     for _ in range(200):
         mid = 0.5 * (lo + hi)
