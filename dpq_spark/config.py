@@ -524,6 +524,9 @@ def parse_config(raw: dict, *, source: str | None = None,
             _fail(f"`job.spark_properties` {props!r} does not exist")
     inp = _parse_input(raw["input"])
     release = _parse_release(raw["release"])
+    if release.privacy_unit in (inp.column, *inp.group_by):
+        _fail(f"`release.privacy_unit` {release.privacy_unit!r} must not be the value column or "
+              "a group column")
     groups = _parse_groups(raw.get("groups"), inp.group_by, release.delta is not None)
     output = _parse_output(raw["output"], now or _dt.datetime.now(_dt.timezone.utc))
     ledger = _parse_ledger(raw["ledger"], release.delta)

@@ -160,7 +160,8 @@ def _read_csv(spark: "SparkSession", inp: InputConfig) -> "DataFrame":
     return df
 
 
-def read_input(spark: "SparkSession", inp: InputConfig) -> "DataFrame":
+def read_input(spark: "SparkSession", inp: InputConfig,
+               privacy_unit: str | None = None) -> "DataFrame":
     """The private input with the group columns and ``column`` coerced to double.
 
     Values that are not numbers become null (``try_cast``) and are dropped by ``dp_quantiles``.
@@ -168,7 +169,7 @@ def read_input(spark: "SparkSession", inp: InputConfig) -> "DataFrame":
     Raises
     ------
     ConfigError
-        If ``input.column`` or a group column is not in the input.
+        If ``input.column``, a group column or the privacy-unit column is not in the input.
     """
     from pyspark.sql import functions as F
 
@@ -178,11 +179,15 @@ def read_input(spark: "SparkSession", inp: InputConfig) -> "DataFrame":
         df = spark.read.parquet(inp.path)
     else:
         df = _read_csv(spark, inp)
-    for name, key in [(inp.column, "input.column")] + [(g, "input.group_by") for g in inp.group_by]:
+    wanted = [(inp.column, "input.column")] + [(g, "input.group_by") for g in inp.group_by]
+    if privacy_unit is not None:
+        wanted.append((privacy_unit, "release.privacy_unit"))
+    for name, key in wanted:
         if name not in df.columns:
             raise ConfigError(f"`{key}` names column {name!r}, which is not in the input; "
                               f"columns are {df.columns}")
-    return df.select(*inp.group_by, F.col(inp.column).try_cast("double").alias(inp.column))
+    unit = [privacy_unit] if privacy_unit is not None else []
+    return df.select(*inp.group_by, *unit, F.col(inp.column).try_cast("double").alias(inp.column))
 
 
 def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFrame",
@@ -330,7 +335,7 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
         with _stage("start spark"):
             spark = _get_session(cfg.spark_properties)
         with _stage("read input"):
-            data = read_input(spark, cfg.input)
+            data = read_input(spark, cfg.input, cfg.release.privacy_unit)
             keys = read_keys(spark, cfg.groups, data, cfg.input.group_by)
     except BaseException as exc:
         ledger.cancel(record, reason=f"failed before sampling: {type(exc).__name__}")
