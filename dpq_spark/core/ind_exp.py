@@ -15,28 +15,18 @@ from dpq_spark.core._sorted_data import sort_data
 from dpq_spark.core._validation import check_delta
 from dpq_spark.core.composition import app_ind_exp_epsilon
 from dpq_spark.core.privacy import NeighboringRelation, single_quantile_sensitivity
-from dpq_spark.core.single_quantile import sample_quantile
+from dpq_spark.core.single_quantile import Intervals
 
 __all__ = ["ind_exp", "app_ind_exp"]
 
 
 def _independent(request: QuantileRequest, x, c, eps_each: float, rng) -> np.ndarray:
-    data = sort_data(x, c, request.lower, request.upper)
-    out = np.array(
-        [
-            sample_quantile(
-                data,
-                request.lower,
-                request.upper,
-                float(q),
-                eps_each,
-                single_quantile_sensitivity(float(q), request.neighboring),
-                rng,
-            )
-            for q in request.quantiles
-        ]
-    )
-    return np.sort(out)
+    intervals = Intervals.of(sort_data(x, c, request.lower, request.upper), request.lower, request.upper)
+    out = [
+        intervals.sample(float(q), eps_each, single_quantile_sensitivity(float(q), request.neighboring), rng)
+        for q in request.quantiles
+    ]
+    return np.sort(np.array(out))
 
 
 def ind_exp(

@@ -15,6 +15,8 @@ cumulative count, which is exactly the repeated-array mechanism with its empty i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from dpq_spark.core._random import resolve_rng
@@ -29,46 +31,46 @@ from dpq_spark.core._validation import (
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.privacy import NeighboringRelation, single_quantile_sensitivity
 
-__all__ = ["single_quantile", "interval_log_weights", "sample_quantile"]
+__all__ = ["single_quantile", "Intervals", "sample_quantile"]
 
 
-def interval_log_weights(
-    data: SortedData, lower: float, upper: float, q: float, scale: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Intervals of positive width and their unnormalised log-weights.
+@dataclass(frozen=True)
+class Intervals:
+    """The intervals of positive width between the bounds and the distinct data values.
 
-    Parameters
-    ----------
-    data : SortedData
-        Clamped data as distinct values with cumulative counts.
-    lower, upper : float
-        The public bounds.
-    q : float
-        The quantile in (0, 1).
-    scale : float
-        ``epsilon / (2 * sensitivity)``.
-
-    Returns
-    -------
-    left, right, log_weight : numpy.ndarray
-        Interval ``r`` is ``[left[r], right[r])``; its log-weight is
-        ``log(right[r] - left[r]) - scale * |below[r] - q n|`` where ``below[r]`` counts the points
-        ``<= left[r]`` (0 for the first interval).
+    Interval ``r`` is ``[left[r], right[r])``; ``below[r]`` is the number of data points
+    ``<= left[r]`` (0 for the first interval). Built once per dataset and reused for every
+    quantile drawn from it.
     """
-    edges = np.concatenate(([lower], data.values, [upper]))
-    below = np.concatenate(([0], data.cum)).astype(np.float64)
-    width = np.diff(edges)
-    positive = width > 0
-    left, right = edges[:-1][positive], edges[1:][positive]
-    log_weight = np.log(width[positive]) - scale * np.abs(below[positive] - q * data.n)
-    return left, right, log_weight
 
+    left: np.ndarray
+    right: np.ndarray
+    log_width: np.ndarray
+    below: np.ndarray
+    n: int
 
-def _draw_index(log_weight: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw ``r`` with probability proportional to ``exp(log_weight[r])`` (inverse CDF)."""
-    cdf = np.cumsum(np.exp(log_weight - log_weight.max()))
-    idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return min(idx, cdf.size - 1)
+    @classmethod
+    def of(cls, data: SortedData, lower: float, upper: float) -> "Intervals":
+        """Intervals of ``data`` (already clamped) within ``[lower, upper]``."""
+        edges = np.concatenate(([lower], data.values, [upper]))
+        below = np.concatenate(([0], data.cum)).astype(np.float64)
+        width = np.diff(edges)
+        positive = width > 0
+        return cls(edges[:-1][positive], edges[1:][positive], np.log(width[positive]), below[positive], data.n)
+
+    def log_weights(self, q: float, scale: float) -> np.ndarray:
+        """Unnormalised log-weights ``log(width) - scale * |below - q n|``, ``scale = eps / (2 Delta)``."""
+        return self.log_width - scale * np.abs(self.below - q * self.n)
+
+    def sample(self, q: float, epsilon: float, sensitivity: float, rng: np.random.Generator) -> float:
+        """One draw of the exponential mechanism for quantile ``q`` (``epsilon`` for this draw).
+
+        Needs ``lower < upper``, so that at least one interval has positive width.
+        """
+        log_weight = self.log_weights(q, epsilon / (2.0 * sensitivity))
+        cdf = np.cumsum(np.exp(log_weight - log_weight.max()))
+        r = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+        return float(self.left[r] + rng.random() * (self.right[r] - self.left[r]))
 
 
 def sample_quantile(
@@ -87,9 +89,7 @@ def sample_quantile(
     """
     if not upper > lower:
         return float(lower)
-    left, right, log_weight = interval_log_weights(data, lower, upper, q, epsilon / (2.0 * sensitivity))
-    r = _draw_index(log_weight, rng)
-    return float(left[r] + rng.random() * (right[r] - left[r]))
+    return Intervals.of(data, lower, upper).sample(q, epsilon, sensitivity, rng)
 
 
 def single_quantile(
