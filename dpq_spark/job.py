@@ -52,7 +52,7 @@ from dpq_spark.ledger import Ledger, LedgerError
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["main", "run_job", "build_parser", "JobResult", "OutputExistsError", "FAULT_ENV"]
+__all__ = ["main", "run_job", "read_csv", "read_input", "read_keys", "write_release", "build_parser", "JobResult", "OutputExistsError", "FAULT_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -138,25 +138,41 @@ def _names_master(properties_file: str | None) -> bool:
         return any(line.split(None, 1)[:1] == ["spark.master"] for line in fh)
 
 
-def _read_csv(spark: "SparkSession", inp: InputConfig) -> "DataFrame":
+def read_csv(spark: "SparkSession", path: str, *, mode: str = "DROPMALFORMED",
+             options: dict[str, Any] | None = None) -> "DataFrame":
     """Read a CSV file with every column as a string and header names stripped of spaces.
 
-    With ``mode = "DROPMALFORMED"`` rows whose number of fields differs from the header are
-    dropped. Spark's CSV column pruning would only parse the selected columns and miss such
-    rows, so the full parse is cached first (memory and disk) and selected from afterwards.
+    Parameters
+    ----------
+    spark : SparkSession
+    path : str
+        The file or directory.
+    mode : {"DROPMALFORMED", "PERMISSIVE", "FAILFAST"}
+        Spark's CSV parse mode. With ``"DROPMALFORMED"`` (the default) rows whose number of
+        fields differs from the header are dropped, e.g. the four Goodreads rows with an
+        unquoted comma.
+    options : dict, optional
+        Further Spark CSV reader options (``header`` defaults to true).
+
+    Notes
+    -----
+    Spark's CSV column pruning parses only the columns a query selects, and then cannot see
+    that a row has too many fields. A filter that reads every column (always true:
+    ``length(concat_ws(...)) >= 0``) keeps the full parse without caching anything.
     """
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    options = {"header": True, **inp.csv_options}
-    header = spark.read.options(**options).csv(inp.path).columns
+    options = {"header": True, **(options or {})}
+    header = spark.read.options(**options).csv(path).columns
     names = [c.strip() for c in header]
     if len(set(names)) != len(names):
-        raise ConfigError(f"the CSV header of `input.path` repeats a column name: {names}")
+        raise ConfigError(f"the CSV header of {path!r} repeats a column name: {names}")
     schema = T.StructType([T.StructField(n, T.StringType()) for n in header])
-    df = spark.read.schema(schema).options(**options, mode=inp.csv_mode).csv(inp.path)
-    df = df.toDF(*names)
-    if inp.csv_mode == "DROPMALFORMED":
-        df = df.cache()
+    df = spark.read.schema(schema).options(**options, mode=mode).csv(path).toDF(*names)
+    if mode.upper() == "DROPMALFORMED":
+        every_column = F.concat_ws(",", *[F.col(f"`{n}`") for n in names])
+        df = df.where(F.length(every_column) >= 0)
     return df
 
 
@@ -178,7 +194,7 @@ def read_input(spark: "SparkSession", inp: InputConfig,
     elif inp.format == "parquet":
         df = spark.read.parquet(inp.path)
     else:
-        df = _read_csv(spark, inp)
+        df = read_csv(spark, inp.path, mode=inp.csv_mode, options=inp.csv_options)
     wanted = [(inp.column, "input.column")] + [(g, "input.group_by") for g in inp.group_by]
     if privacy_unit is not None:
         wanted.append((privacy_unit, "release.privacy_unit"))
@@ -372,10 +388,6 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
         ledger.note(record, f"failed after sampling: {type(exc).__name__}; budget stays charged")
         log.error("ledger record %d stays charged: the job failed after sampling", record)
         raise
-    finally:
-        if cfg.input.format == "csv" and cfg.input.csv_mode == "DROPMALFORMED":
-            with contextlib.suppress(Exception):
-                data.unpersist()
     seconds = time.perf_counter() - started
     log.info("job %s: release committed as ledger record %d in %.2f s", cfg.name, record, seconds)
     return JobResult(output=path, record_id=record, seconds=seconds)
