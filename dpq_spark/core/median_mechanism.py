@@ -319,36 +319,24 @@ class MedianMechanism:
         rng=None,
     ):
         # Validate every argument before touching the data or drawing noise.
-        self.epsilon = check_epsilon(epsilon)
-        self.accuracy = _check_fraction(accuracy, "accuracy")
-        self.max_hard_queries = check_positive_int(max_hard_queries, "max_hard_queries")
-        self.neighboring = NeighboringRelation.parse(neighboring)
-        self.candidate_size = check_positive_int(candidate_size, "candidate_size")
-        self.n_candidates = check_positive_int(n_candidates, "n_candidates")
-        self.refill_below = _check_fraction(refill_below, "refill_below", low_open=False)
-        if after_halt not in _AFTER_HALT:
-            raise ValueError(f"`after_halt` must be one of {_AFTER_HALT}, got {after_halt!r}")
-        self.after_halt = after_halt
         hist = _check_histogram(histogram)
+        options = self.check_options(
+            hist.shape[0], epsilon=epsilon, accuracy=accuracy, max_hard_queries=max_hard_queries,
+            neighboring=neighboring, candidates=candidates, candidate_size=candidate_size,
+            n_candidates=n_candidates, prior=prior, refill_below=refill_below, after_halt=after_halt,
+        )
         self.domain_size = d = hist.shape[0]
-        self._prior = _check_prior(prior, d)
-        given = None
-        if isinstance(candidates, str):
-            if candidates not in _CANDIDATE_MODES:
-                raise ValueError(f"`candidates` must be one of {_CANDIDATE_MODES} or a 2-d count array, got {candidates!r}")
-            mode = candidates
-            if mode == "auto":
-                exact_count = math.comb(d + self.candidate_size - 1, self.candidate_size)
-                mode = "exact" if exact_count <= self.n_candidates else "sampled"
-        else:
-            given = self._check_given_candidates(candidates, d)
-            mode = "given"
-        if mode == "exact" and math.comb(d + self.candidate_size - 1, self.candidate_size) > 1_000_000:
-            raise ValueError(
-                "`candidates`='exact' needs at most 1e6 databases; got domain size "
-                f"{d} and candidate_size {self.candidate_size}: use 'sampled'"
-            )
-        self.candidate_mode = mode
+        self.epsilon = options["epsilon"]
+        self.accuracy = options["accuracy"]
+        self.max_hard_queries = options["max_hard_queries"]
+        self.neighboring = options["neighboring"]
+        self.candidate_size = options["candidate_size"]
+        self.n_candidates = options["n_candidates"]
+        self.refill_below = options["refill_below"]
+        self.after_halt = options["after_halt"]
+        self.candidate_mode = mode = options["mode"]
+        self._prior = options["prior"]
+        given = options["given"]
         self._rng = resolve_rng(rng)
 
         # Public candidates (no data involved).
@@ -383,6 +371,62 @@ class MedianMechanism:
             rng=self._rng,
         )
         self.queries_answered = 0
+
+    @classmethod
+    def check_options(
+        cls,
+        domain_size: int,
+        *,
+        epsilon,
+        accuracy,
+        max_hard_queries,
+        neighboring="swap",
+        candidates="auto",
+        candidate_size=1000,
+        n_candidates=2000,
+        prior=None,
+        refill_below=0.5,
+        after_halt="raise",
+    ) -> dict:
+        """Validate the public arguments for a domain of ``domain_size`` points; return them parsed.
+
+        Used by the constructor and by callers (the Spark session) that must fail before they
+        read any data. Raises ``ValueError``/``TypeError`` naming the argument.
+        """
+        d = check_positive_int(domain_size, "domain_size")
+        out = {
+            "epsilon": check_epsilon(epsilon),
+            "accuracy": _check_fraction(accuracy, "accuracy"),
+            "max_hard_queries": check_positive_int(max_hard_queries, "max_hard_queries"),
+            "neighboring": NeighboringRelation.parse(neighboring),
+            "candidate_size": check_positive_int(candidate_size, "candidate_size"),
+            "n_candidates": check_positive_int(n_candidates, "n_candidates"),
+            "refill_below": _check_fraction(refill_below, "refill_below", low_open=False),
+        }
+        if not isinstance(after_halt, str) or after_halt not in _AFTER_HALT:
+            raise ValueError(f"`after_halt` must be one of {_AFTER_HALT}, got {after_halt!r}")
+        out["after_halt"] = after_halt
+        out["prior"] = _check_prior(prior, d)
+        k = out["candidate_size"]
+        given = None
+        if isinstance(candidates, str):
+            if candidates not in _CANDIDATE_MODES:
+                raise ValueError(
+                    f"`candidates` must be one of {_CANDIDATE_MODES} or a 2-d count array, got {candidates!r}"
+                )
+            mode = candidates
+            if mode == "auto":
+                mode = "exact" if math.comb(d + k - 1, k) <= out["n_candidates"] else "sampled"
+        else:
+            given = cls._check_given_candidates(candidates, d)
+            mode = "given"
+        if mode == "exact" and math.comb(d + k - 1, k) > 1_000_000:
+            raise ValueError(
+                "`candidates`='exact' needs at most 1e6 databases; got domain size "
+                f"{d} and candidate_size {k}: use 'sampled'"
+            )
+        out["mode"], out["given"] = mode, given
+        return out
 
     @staticmethod
     def _check_given_candidates(candidates, d):
