@@ -471,4 +471,6 @@ def main(argv: list[str] | None = None) -> int:
                   "(rerun with --show-errors)", type(exc).__name__)
         return EXIT_FAILED
     print(f"Release written to {result.output}")
+    print(f"Ledger record {result.record_id}: dpq-spark ledger show --ledger {cfg.ledger.path} "
+          f"--dataset {cfg.ledger.dataset_id}")
     return EXIT_OK

@@ -97,7 +97,8 @@ def test_job_writes_release_commits_ledger_and_logs_no_data(spark, tmp_path, cap
     caplog.set_level(logging.INFO, logger="dpq_spark")
     assert main(["--config", config]) == 0
     out = str(tmp_path / "out" / "rel")
-    assert capsys.readouterr().out.strip() == f"Release written to {out}"
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"Release written to {out}" and "dpq-spark ledger show" in printed[1]
     rel = read_release(out)
     assert list(rel.columns) == ["grp", "quantile", "value"]
     assert list(rel["grp"]) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3  # "c" has no rows: answered
