@@ -11,15 +11,16 @@ name                  guarantee                    neighbouring        extra key
 ``joint_exp``         pure ``epsilon``-DP          add_remove, swap    (none)
 ``ind_exp``           pure ``epsilon``-DP          add_remove, swap    (none)
 ``app_ind_exp``       ``(epsilon, delta)``-DP      add_remove, swap    ``delta=1e-6``
-``smooth``            ``(epsilon, delta)``-DP      swap only           ``delta=1e-6``
-``csmooth``           ``epsilon**2/2``-zCDP        swap only           ``t=None``
+``smooth``            ``(epsilon, delta)``-DP      add_remove, swap    ``delta=1e-6``
+``csmooth``           ``epsilon**2/2``-zCDP        add_remove, swap    ``t=None``
 ``agg_tree``          pure ``epsilon``-DP          add_remove, swap    ``branching=16, height=4``
 ``approx_quantiles``  pure ``epsilon``-DP          add_remove, swap    (none)
 ====================  ===========================  ==================  =========================
 
 ``GUARANTEES`` maps each name to ``"pure"``, ``"approx"`` or ``"zcdp"`` so that a caller can refuse
 a mechanism whose guarantee is not the one it promises its users (``epsilon`` means a different
-thing under zCDP). ``SWAP_ONLY`` lists the mechanisms that refuse add/remove neighbours.
+thing under zCDP). Smooth and CSmooth are swap-neighbour mechanisms in the paper; their smooth-sensitivity bound
+also holds for add/remove neighbours (see :mod:`dpq_spark.core.smooth_sensitivity`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dpq_spark.core.ind_exp import app_ind_exp, ind_exp
 from dpq_spark.core.joint_exp import joint_exp
 from dpq_spark.core.smooth import csmooth, smooth
 
-__all__ = ["MECHANISMS", "GUARANTEES", "SWAP_ONLY", "get_mechanism"]
+__all__ = ["MECHANISMS", "GUARANTEES", "get_mechanism"]
 
 MECHANISMS: dict[str, Callable] = {
     "joint_exp": joint_exp,
@@ -53,9 +54,6 @@ GUARANTEES: dict[str, str] = {
     "agg_tree": "pure",
     "approx_quantiles": "pure",
 }
-
-SWAP_ONLY: frozenset[str] = frozenset({"smooth", "csmooth"})
-
 
 def get_mechanism(name: str) -> Callable:
     """Return the mechanism registered as ``name``.

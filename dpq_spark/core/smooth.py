@@ -2,9 +2,10 @@
 
 Smooth (Nissim, Raskhodnikova and Smith 2007) adds Laplace noise, ``(epsilon/m, delta/m)``-DP per
 quantile. CSmooth (Bun and Steinke 2019) adds Laplace-log-normal noise, ``(epsilon^2/m)/2``-zCDP per
-quantile, ``epsilon^2/2``-zCDP overall. Both are the paper's baselines and, as in the paper, are
-defined for swap neighbours (public n): the order-statistic index ``floor((n - 1) q)`` moves with
-n, and the smooth-sensitivity bound used here is the swap one.
+quantile, ``epsilon^2/2``-zCDP overall. Both are the paper's baselines. The paper uses swap
+neighbours (public n); under add/remove neighbours the order-statistic index ``floor((n - 1) q)``
+moves with n, and the same smooth-sensitivity bound still holds (proof sketch in
+:mod:`dpq_spark.core.smooth_sensitivity`).
 """
 
 from __future__ import annotations
@@ -21,25 +22,30 @@ from dpq_spark.core._sorted_data import SortedData, sort_data
 from dpq_spark.core._validation import check_delta
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.privacy import NeighboringRelation
-from dpq_spark.core.smooth_sensitivity import log_smooth_sensitivity, order_statistic_index
+from dpq_spark.core.smooth_sensitivity import (
+    log_smooth_sensitivity,
+    order_statistic_at,
+    order_statistic_index,
+)
 
 __all__ = ["smooth", "csmooth", "csmooth_parameters"]
 
 
-def _require_swap(request: QuantileRequest, name: str) -> None:
-    if request.neighboring is not NeighboringRelation.SWAP:
-        raise DPQValueError(
-            f"`neighboring` must be 'swap' for {name} (its smooth-sensitivity bound assumes a public n), "
-            f"got {request.neighboring.value!r}"
-        )
-
-
-def _sorted_nonempty(request: QuantileRequest, x, c, name: str) -> SortedData:
+def _sorted(request: QuantileRequest, x, c, name: str) -> SortedData:
     data = sort_data(x, c, request.lower, request.upper)
-    if data.n == 0:
-        # n is public under swap, the only relation these mechanisms accept.
-        raise DPQValueError(f"`values` must hold at least one point for {name}")
+    if data.n == 0 and request.neighboring is NeighboringRelation.SWAP:
+        # n is public under swap; under add/remove an empty dataset is handled like any other.
+        raise DPQValueError(f"`values` must hold at least one point for {name} with neighboring='swap'")
     return data
+
+
+def _log_sensitivity(request: QuantileRequest, data: SortedData, k: int, beta: float) -> float:
+    # One bound for both relations (see dpq_spark.core.smooth_sensitivity).
+    return log_smooth_sensitivity(data, k, beta, request.lower, request.upper)
+
+
+def _order_statistic(request: QuantileRequest, data: SortedData, k: int) -> float:
+    return float(order_statistic_at(data, k, request.lower, request.upper))
 
 
 def smooth(
@@ -59,15 +65,16 @@ def smooth(
     Parameters
     ----------
     values : array_like of float
-        The private data, 1-d, at least one point. Values outside ``[lower, upper]`` are clamped.
+        The private data, 1-d (at least one point under swap). Values outside ``[lower, upper]``
+        are clamped; NaN is an error.
     quantiles : array_like of float
         Strictly increasing quantiles in (0, 1).
     epsilon : float
         Total privacy budget, finite and > 0.
     lower, upper : float
         Public bounds with ``lower < upper``.
-    neighboring : {"swap"} or NeighboringRelation
-        Must be ``"swap"`` (the default ``"add_remove"`` is refused; see Notes).
+    neighboring : {"add_remove", "swap"} or NeighboringRelation, default "add_remove"
+        Which datasets are neighbours; "swap" is the paper's setting.
     counts : array_like of int, optional
         Multiplicity of each entry of ``values`` (exactly ``np.repeat(values, counts)``).
     rng : numpy.random.Generator, optional
@@ -83,8 +90,8 @@ def smooth(
     Raises
     ------
     ValueError
-        If an argument breaks its rule, if ``neighboring`` is not ``"swap"``, or if there is no
-        data point (n is public under swap).
+        If an argument breaks its rule, or under swap if there is no data point (n is public
+        there).
     TypeError
         If an argument has the wrong type.
 
@@ -93,13 +100,14 @@ def smooth(
     With ``eps' = epsilon / m``, ``delta' = delta / m`` and ``beta = eps' / (2 ln(2 / delta'))``,
     quantile ``q`` releases ``x_(k) + S_beta * Lap(1) * 2 / eps'`` with ``k = floor((n - 1) q)``
     and ``S_beta`` the beta-smooth sensitivity of ``x_(k)`` (Nissim, Raskhodnikova and Smith
-    2007, Lemmas 2.6 and 2.9); see :mod:`dpq_spark.core.smooth_sensitivity`. Add/remove
-    neighbours would need a different sensitivity bound and are not implemented.
+    2007, Lemmas 2.6 and 2.9); see :mod:`dpq_spark.core.smooth_sensitivity`, which also
+    shows the bound valid for add/remove neighbours. Under add/remove an empty dataset releases
+    ``lower`` plus noise (``x_(-1) = lower``).
 
     Privacy
     -------
-    ``(epsilon, delta)``-differential privacy under swap neighbours (n public), one row (one unit
-    of multiplicity) being the unit of privacy: each quantile is ``(epsilon/m, delta/m)``-DP and
+    ``(epsilon, delta)``-differential privacy for the chosen neighbouring relation, one row (one
+    unit of multiplicity) being the unit of privacy: each quantile is ``(epsilon/m, delta/m)``-DP and
     basic composition adds them up. Assumes ``lower``, ``upper`` and ``quantiles`` are chosen
     without looking at the data.
 
@@ -115,16 +123,15 @@ def smooth(
     request, x, c = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    _require_swap(request, "smooth")
     gen = resolve_rng(rng)
-    data = _sorted_nonempty(request, x, c, "smooth")
+    data = _sorted(request, x, c, "smooth")
     eps_each = request.epsilon / request.m
     beta = eps_each / (2.0 * math.log(2.0 * request.m / dlt))
     out = np.empty(request.m)
     for idx, q in enumerate(request.quantiles):
         k = order_statistic_index(data.n, float(q))
-        sens = math.exp(log_smooth_sensitivity(data, k, beta, request.lower, request.upper))
-        out[idx] = data.order_statistic(k) + sens * gen.laplace() * 2.0 / eps_each
+        sens = math.exp(_log_sensitivity(request, data, k, beta))
+        out[idx] = _order_statistic(request, data, k) + sens * gen.laplace() * 2.0 / eps_each
     return np.sort(np.clip(out, request.lower, request.upper))
 
 
@@ -182,15 +189,16 @@ def csmooth(
     Parameters
     ----------
     values : array_like of float
-        The private data, 1-d, at least one point. Values outside ``[lower, upper]`` are clamped.
+        The private data, 1-d (at least one point under swap). Values outside ``[lower, upper]``
+        are clamped; NaN is an error.
     quantiles : array_like of float
         Strictly increasing quantiles in (0, 1).
     epsilon : float
         Finite and > 0; the release is ``epsilon**2 / 2``-zCDP.
     lower, upper : float
         Public bounds with ``lower < upper``.
-    neighboring : {"swap"} or NeighboringRelation
-        Must be ``"swap"`` (the default ``"add_remove"`` is refused).
+    neighboring : {"add_remove", "swap"} or NeighboringRelation, default "add_remove"
+        Which datasets are neighbours; "swap" is the paper's setting.
     counts : array_like of int, optional
         Multiplicity of each entry of ``values`` (exactly ``np.repeat(values, counts)``).
     rng : numpy.random.Generator, optional
@@ -208,8 +216,7 @@ def csmooth(
     Raises
     ------
     ValueError
-        If an argument breaks its rule, if ``neighboring`` is not ``"swap"``, or if there is no
-        data point.
+        If an argument breaks its rule, or under swap if there is no data point.
     TypeError
         If an argument has the wrong type.
 
@@ -219,15 +226,15 @@ def csmooth(
     ``k = floor((n - 1) q)``, ``S_t`` the t-smooth sensitivity of ``x_(k)`` and ``(sigma, s)`` from
     :func:`csmooth_parameters` at ``eps' = epsilon / sqrt(m)`` (Bun and Steinke 2019, Section
     3.1). The paper tuned t on N(0, 1) samples; the default here is a closed-form rule that
-    needs no data at all.
+    needs no data at all. The t-smooth bound holds for both neighbouring relations.
 
     Privacy
     -------
-    ``epsilon**2 / 2``-zero-concentrated DP (zCDP, Bun and Steinke 2016) under swap neighbours (n
-    public), one row (one unit of multiplicity) being the unit of privacy: each quantile is
-    ``eps'**2 / 2``-zCDP and m of them add up. This is not pure or ``(epsilon, delta)``-DP as
-    stated; convert with ``rho + 2 sqrt(rho ln(1/delta))`` if needed. Assumes ``lower``,
-    ``upper``, ``quantiles`` and ``t`` are chosen without looking at the data.
+    ``epsilon**2 / 2``-zero-concentrated DP (zCDP, Bun and Steinke 2016) for the chosen
+    neighbouring relation, one row (one unit of multiplicity) being the unit of privacy: each
+    quantile is ``eps'**2 / 2``-zCDP and m of them add up. This is not pure or
+    ``(epsilon, delta)``-DP as stated; convert with ``rho + 2 sqrt(rho ln(1/delta))`` if needed.
+    Assumes ``lower``, ``upper``, ``quantiles`` and ``t`` are chosen without looking at the data.
 
     Examples
     --------
@@ -241,15 +248,14 @@ def csmooth(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
     ts = _check_t(t, request.m)
-    _require_swap(request, "csmooth")
     gen = resolve_rng(rng)
-    data = _sorted_nonempty(request, x, c, "csmooth")
+    data = _sorted(request, x, c, "csmooth")
     eps_each = request.epsilon / math.sqrt(request.m)
     out = np.empty(request.m)
     for idx, q in enumerate(request.quantiles):
         t_q, sigma, s = csmooth_parameters(eps_each, None if ts is None else float(ts[idx]))
         k = order_statistic_index(data.n, float(q))
-        log_sens = log_smooth_sensitivity(data, k, t_q, request.lower, request.upper)
+        log_sens = _log_sensitivity(request, data, k, t_q)
         z = gen.laplace() * math.exp(sigma * gen.standard_normal())
-        out[idx] = data.order_statistic(k) + math.copysign(math.exp(log_sens - math.log(s)) * abs(z), z)
+        out[idx] = _order_statistic(request, data, k) + math.copysign(math.exp(log_sens - math.log(s)) * abs(z), z)
     return np.sort(np.clip(out, request.lower, request.upper))

@@ -18,6 +18,22 @@ Two reductions keep R small, both exact:
 - a pair further apart than ``T = (log(upper - lower) - L0) / beta`` cannot beat a known lower
   bound ``L0`` (taken from pairs ``(k - r, k + r)``, r = 1, 2, 4, ...), so only a window around
   ``k`` is searched.
+
+The same S is a beta-smooth upper bound under **add/remove** neighbours too, with the index
+``k = floor((n - 1) q)`` recomputed from the private n (and ``x_(-1) = lower`` for empty data).
+Let X' be X plus one point at sorted position p, so ``k' = floor(n q)`` is k or k + 1:
+- ``S(X) >= LS(X)``: adding or removing a point moves the released order statistic to a value
+  between ``x_{k-1}`` and ``x_{k+1}``, and by at most one adjacent gap, which the t = 0 terms cover;
+- ``S(X) <= e^beta S(X')``: the best pair (i, j) of X maps to indices of X' holding the same
+  values at most one place further apart; when the mapped pair no longer straddles k', replacing
+  its end by k' only widens it, and the distance still grows by at most one;
+- ``S(X') <= e^beta S(X)``: the best pair (i', j') of X' maps back to indices of X whose values
+  lie at least as far apart (``x_{p-1} <= v <= x_p`` for the new point v), one place further apart
+  at most; the cases that need an end moved to k (``k = k' - 1`` with ``i' = k' < p``, or ``k = k'``
+  with ``j' = k' > p``) exclude each other and the case ``i' = j' = p``.
+That is Definition 2.1 of Nissim, Raskhodnikova and Smith (2007), all their noise calibration
+needs; tests/core/test_smooth_sensitivity.py checks both inequalities on every neighbour of small
+datasets, for both relations.
 """
 
 from __future__ import annotations
@@ -28,7 +44,7 @@ import numpy as np
 
 from dpq_spark.core._sorted_data import SortedData
 
-__all__ = ["log_smooth_sensitivity", "order_statistic_index"]
+__all__ = ["log_smooth_sensitivity", "order_statistic_at", "order_statistic_index"]
 
 
 def order_statistic_index(n: int, q: float) -> int:
@@ -36,8 +52,8 @@ def order_statistic_index(n: int, q: float) -> int:
     return int(math.floor((n - 1) * q))
 
 
-def _value_at(data: SortedData, idx: np.ndarray, lower: float, upper: float) -> np.ndarray:
-    """Order statistics at 0-based indices, reading -1 as ``lower`` and n as ``upper``."""
+def order_statistic_at(data: SortedData, idx, lower: float, upper: float) -> np.ndarray:
+    """Order statistics at 0-based indices; indices below 0 read as ``lower``, from n on as ``upper``."""
     idx = np.asarray(idx, dtype=np.int64)
     out = np.empty(idx.shape, dtype=np.float64)
     inside = (idx >= 0) & (idx < data.n)
@@ -54,7 +70,7 @@ def _lower_bound(data: SortedData, k: int, beta: float, lower: float, upper: flo
     i = np.maximum(k - r, -1)
     j = np.minimum(k + r, n)
     with np.errstate(divide="ignore"):
-        g = np.log(_value_at(data, j, lower, upper) - _value_at(data, i, lower, upper)) - beta * (j - i - 1)
+        g = np.log(order_statistic_at(data, j, lower, upper) - order_statistic_at(data, i, lower, upper)) - beta * (j - i - 1)
     return float(g.max())
 
 
@@ -124,6 +140,7 @@ def log_smooth_sensitivity(data: SortedData, k: int, beta: float, lower: float, 
     reach = (math.log(upper - lower) - bound) / beta
     span = int(min(reach, 2.0 * n + 2)) + 1
     i_idx, j_idx = _candidates(data, k, k - span - 1, k + span + 1)
-    i_val = _value_at(data, i_idx, lower, upper)
-    j_val = _value_at(data, j_idx, lower, upper)
+    i_val = order_statistic_at(data, i_idx, lower, upper)
+    j_val = order_statistic_at(data, j_idx, lower, upper)
     return max(bound, _monotone_max(i_idx, i_val, j_idx, j_val, beta))
+

@@ -11,18 +11,14 @@ import pytest
 from dpq_spark.core.agg_tree import agg_tree, honaker_aggregate
 from dpq_spark.core.approx_quantiles import approx_quantiles, recursion_depth
 from dpq_spark.core.ind_exp import app_ind_exp, ind_exp
-from dpq_spark.core.mechanisms import GUARANTEES, MECHANISMS, SWAP_ONLY, get_mechanism
+from dpq_spark.core.mechanisms import GUARANTEES, MECHANISMS, get_mechanism
 from dpq_spark.core.smooth import csmooth, csmooth_parameters, smooth
 
 BASELINES = ["ind_exp", "app_ind_exp", "smooth", "csmooth", "agg_tree", "approx_quantiles"]
 LO, HI = -10.0, 10.0
 
 
-def _relations(name):
-    return ["swap"] if name in SWAP_ONLY else ["swap", "add_remove"]
-
-
-CASES = [(name, rel) for name in BASELINES for rel in _relations(name)]
+CASES = [(name, rel) for name in BASELINES for rel in ("swap", "add_remove")]
 
 
 def _call(name, values, quantiles=(0.25, 0.5, 0.75), **kw):
@@ -104,14 +100,8 @@ def test_delta_validation(name):
 
 
 @pytest.mark.parametrize("name", ["smooth", "csmooth"])
-def test_smooth_refuses_add_remove(name):
-    with pytest.raises(ValueError, match=rf"`neighboring` must be 'swap' for {name}"):
-        _call(name, [1.0, 2.0], neighboring="add_remove")
-
-
-@pytest.mark.parametrize("name", ["smooth", "csmooth"])
-def test_smooth_refuses_empty_data(name):
-    with pytest.raises(ValueError, match=rf"`values` must hold at least one point for {name}"):
+def test_smooth_refuses_empty_data_under_swap(name):
+    with pytest.raises(ValueError, match=rf"`values` must hold at least one point for {name} with neighboring='swap'"):
         _call(name, [1.0, 2.0], counts=[0, 0])
 
 
@@ -163,7 +153,7 @@ def test_invariants(name, relation, data):
     assert np.all((out >= LO) & (out <= HI))
 
 
-@pytest.mark.parametrize("name", [n for n in BASELINES if n not in SWAP_ONLY])
+@pytest.mark.parametrize("name", BASELINES)
 def test_empty_data_gives_outputs_in_bounds(name):
     out = _call(name, np.empty(0), neighboring="add_remove")
     assert out.shape == (3,) and np.all((out >= LO) & (out <= HI))
@@ -194,11 +184,12 @@ def _sorted_normal(n=1001, seed=2):
     return np.sort(np.random.default_rng(seed).normal(0.0, 2.0, n))
 
 
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
 @pytest.mark.parametrize("name", ["smooth", "csmooth"])
-def test_smooth_is_the_order_statistic_at_huge_epsilon(name):
+def test_smooth_is_the_order_statistic_at_huge_epsilon(name, relation):
     x = _sorted_normal()
     qs = np.array([0.1, 0.5, 0.77])
-    out = _call(name, x, quantiles=qs, epsilon=1e9)
+    out = _call(name, x, quantiles=qs, epsilon=1e9, neighboring=relation)
     np.testing.assert_allclose(out, x[np.floor((x.size - 1) * qs).astype(int)], atol=1e-6)
 
 
