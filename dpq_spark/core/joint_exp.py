@@ -40,6 +40,7 @@ from scipy.special import gammaln
 
 from dpq_spark.core import _validation as v
 from dpq_spark.core._logscan import (
+    logaddexp,
     segment_ends,
     segmented_logcumsumexp,
     segmented_logcumsumexp_reverse,
@@ -149,11 +150,13 @@ def _cells(x: np.ndarray, counts: np.ndarray | None, a: float, b: float):
     ``<= edges[i]`` (float64, exact below 2**53).
     """
     x = np.clip(x, a, b)
-    if counts is not None:
+    if counts is None:
+        xs = np.sort(x)
+    else:
         keep = counts > 0
         x, counts = x[keep], counts[keep]
-    order = np.argsort(x, kind="stable")
-    xs = x[order]
+        order = np.argsort(x)
+        xs = x[order]
     if xs.size:
         first = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1])))
         distinct = xs[first]
@@ -165,10 +168,14 @@ def _cells(x: np.ndarray, counts: np.ndarray | None, a: float, b: float):
         distinct = xs
         mult = np.zeros(0, dtype=np.int64)
     n = int(mult.sum())
-    edges = np.unique(np.concatenate(([a], distinct, [b])))
-    at_edge = np.zeros(edges.size, dtype=np.int64)
-    at_edge[np.searchsorted(edges, distinct)] = mult
-    pos = np.cumsum(at_edge)[:-1].astype(np.float64)
+    # Edges: a, the distinct values strictly inside (a, b), b. Points on a bound add no edge.
+    inside = (distinct > a) & (distinct < b)
+    edges = np.concatenate(([a], distinct[inside], [b]))
+    # pos[i] = number of points <= edges[i]: the points at a, then the cumulative counts.
+    at_a = int(mult[distinct == a].sum()) if distinct.size else 0
+    pos = np.empty(edges.size - 1, dtype=np.float64)
+    pos[0] = at_a
+    pos[1:] = at_a + np.cumsum(mult[inside])[: edges.size - 2]
     log_width = np.log(np.diff(edges))
     return edges, log_width, pos, n
 
@@ -247,7 +254,7 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
     carry = np.full(nseg, -np.inf)
     running = -math.inf
     for s in range(1, nseg):
-        prev = float(np.logaddexp(running, tot_plus[s - 1]))
+        prev = _logaddexp_scalar(running, float(tot_plus[s - 1]))
         running = prev - c * float(base[s] - base[s - 1])
         carry[s] = running
 
@@ -257,7 +264,7 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
         last = lo[has_causal] - 1
         s_last = seg[last]
         shift = c * (T[has_causal] - base[s_last])
-        out[has_causal] = np.logaddexp(carry[s_last], pre_plus[last]) - shift
+        out[has_causal] = logaddexp(carry[s_last], pre_plus[last]) - shift
 
     # Window part: sources [lo, hi) = suffix of lo's segment, whole segments between, prefix of
     # (hi - 1)'s segment. Blocks are shorter than t, so at most one whole segment lies between.
@@ -287,17 +294,17 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
             sf, sl_ = s_first[diff], s_last[diff]
             head = suf_minus[first[diff]] - c * (base[sf] - Ti[diff])
             tail = pre_minus[last[diff]] - c * (base[sl_] - Ti[diff])
-            part = np.logaddexp(head, tail)
+            part = logaddexp(head, tail)
             mid = sl_ - sf == 2
             if mid.any():
                 sm = sf[mid] + 1
-                part[mid] = np.logaddexp(part[mid], tot_minus[sm] - c * (base[sm] - Ti[diff][mid]))
+                part[mid] = logaddexp(part[mid], tot_minus[sm] - c * (base[sm] - Ti[diff][mid]))
             wide = sl_ - sf > 2
             for r in np.flatnonzero(wide):  # impossible with blocks of 0.75 t; kept for safety
                 sl = slice(int(first[diff][r]), int(last[diff][r]) + 1)
                 part[r] = np.logaddexp.reduce(src_log[sl] - c * (src_pos[sl] - Ti[diff][r]))
             win[diff] = part
-        out[idx] = np.logaddexp(out[idx], win)
+        out[idx] = logaddexp(out[idx], win)
     return out
 
 
@@ -318,6 +325,8 @@ class _Forward:
         self.G_max: list[np.ndarray] = []  # max_{j'<=j} (A_j' - Lambda_j') on band j, true scale
         self.nu = np.zeros(self.m)
         self.S_last: np.ndarray | None = None
+        # Keep every S_j for the backward pass unless that would take more than 512 MiB.
+        self.S_cache: dict[int, np.ndarray] | None = {} if int((hi - lo).sum()) <= 2**26 else None
 
     def _band(self, j: int) -> slice:  # j is 1-based
         return slice(int(self.lo[j - 1]), int(self.hi[j - 1]))
@@ -343,6 +352,8 @@ class _Forward:
             self.A[-1] -= shift
             self.nu[j - 1] = nu_a + shift
             self.S_last = S - shift
+            if self.S_cache is not None:
+                self.S_cache[j] = self.S_last
 
     def _store(self, j: int, A: np.ndarray, nu_a: float) -> None:
         band = self._band(j)
@@ -362,22 +373,21 @@ class _Forward:
         """Lambda_j(i) = sum_{t<=j} log(phi_t(0) w_i) = -c P_j + j log w_i."""
         return -self.c * self.cum_target[j - 1] + j * self.log_width[band]
 
-    def _A_true_on(self, jp: int, band: slice) -> np.ndarray:
-        """A_{jp} (true scale) on the cells of ``band``; -inf where outside band jp."""
-        own = self._band(jp)
-        out = np.full(band.stop - band.start, -np.inf)
-        lo, hi = max(band.start, own.start), min(band.stop, own.stop)
-        if lo < hi:
-            out[lo - band.start : hi - band.start] = self.A[jp - 1][lo - own.start : hi - own.start] + self.nu[jp - 1]
+    def _gather(self, table: list[np.ndarray], jp: int, cells: np.ndarray, offset: float) -> np.ndarray:
+        """``table[jp-1]`` (plus ``offset``) at sorted global cells ``cells``; -inf outside band jp."""
+        lo, hi = int(self.lo[jp - 1]), int(self.hi[jp - 1])
+        if cells.size and cells[0] >= lo and cells[-1] < hi:
+            return table[jp - 1][cells - lo] + offset
+        out = np.full(cells.size, -np.inf)
+        inside = (cells >= lo) & (cells < hi)
+        out[inside] = table[jp - 1][cells[inside] - lo] + offset
         return out
 
-    def _G_max_on(self, jp: int, band: slice) -> np.ndarray:
-        own = self._band(jp)
-        out = np.full(band.stop - band.start, -np.inf)
-        lo, hi = max(band.start, own.start), min(band.stop, own.stop)
-        if lo < hi:
-            out[lo - band.start : hi - band.start] = self.G_max[jp - 1][lo - own.start : hi - own.start]
-        return out
+    def finished_sums(self, j: int) -> np.ndarray:
+        """S_j of a finished step (cached, or computed again)."""
+        if self.S_cache is not None:
+            return self.S_cache[j]
+        return self.run_sums(j)
 
     def run_sums(self, j: int) -> np.ndarray:
         """S_j = log sum_k alpha(j, i, k) on band j, minus nu_j (the scale of the stored A_j)."""
@@ -390,21 +400,23 @@ class _Forward:
         lam_j = self._log_lambda(j, band) - scale
         active = np.arange(acc.size)
         for k in range(2, j + 1):
+            cells = band.start + active
             jp = j - k + 1  # the run of k outputs starts at output jp
             # Every term with run start <= jp is at most exp(G_max_jp + Lambda_j) / k'! with
             # k' >= k, and sum_{k' >= k} 1/k'! <= 2/k!.
-            bound = self._G_max_on(jp, band)[active] + lam_j[active] + math.log(2.0) - gammaln(k + 1)
-            active = active[bound >= acc[active] - _LOG_RUN_TOL]
+            bound = self._gather(self.G_max, jp, cells, 0.0) + lam_j[active] + math.log(2.0) - gammaln(k + 1)
+            keep = bound >= acc[active] - _LOG_RUN_TOL
+            active, cells = active[keep], cells[keep]
             if active.size == 0:
                 break
             term = (
-                self._A_true_on(jp, band)[active]
+                self._gather(self.A, jp, cells, self.nu[jp - 1])
                 - scale
                 - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1])
                 + (k - 1) * L[active]
-                - gammaln(k + 1)
+                - _log_run_volume(k)
             )
-            acc[active] = np.logaddexp(acc[active], term)
+            acc[active] = logaddexp(acc[active], term)
         return acc
 
     def run_terms_single(self, j: int, i: int) -> np.ndarray:
@@ -423,9 +435,21 @@ class _Forward:
                 - scale
                 - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1])
                 + (k - 1) * Li
-                - gammaln(k + 1)
+                - _log_run_volume(k)
             )
         return terms
+
+
+def _log_run_volume(k: int) -> float:
+    """log k!: k sorted uniform points in one cell fill 1/k! of the cube w^k."""
+    return float(gammaln(k + 1))
+
+
+def _logaddexp_scalar(a: float, b: float) -> float:
+    top = max(a, b)
+    if top == -math.inf:
+        return top
+    return top + math.log1p(math.exp(-abs(a - b)))
 
 
 def _draw_log(log_w: np.ndarray, gen: np.random.Generator) -> int:
@@ -438,9 +462,15 @@ def _draw_log(log_w: np.ndarray, gen: np.random.Generator) -> int:
 
 
 def _sample(x, counts, q, c, a, b, gen):
-    """Draw from JointExp. Returns ``(sorted outputs, interval ranks per output)``.
+    """Draw once from JointExp. Returns ``(sorted outputs, interval ranks per output)``."""
+    outputs, ranks = _sample_many(x, counts, q, c, a, b, gen, size=1)
+    return outputs[0], ranks[0]
 
-    The ranks ``pos`` of the chosen cells identify the paper's intervals ``I_{rank}`` and are
+
+def _sample_many(x, counts, q, c, a, b, gen, size):
+    """``size`` independent draws from one forward pass: arrays of shape (size, m).
+
+    The ranks ``pos`` of the chosen cells identify the paper's intervals ``I_{rank}``; they are
     returned for the exactness tests.
     """
     edges, log_width, pos, n = _cells(x, counts, a, b)
@@ -448,26 +478,30 @@ def _sample(x, counts, q, c, a, b, gen):
     lo, hi = _bands(log_width, pos, n, q, c, a, b)
     fw = _Forward(log_width, pos, n, q, c, lo, hi)
     fw.run()
+    band_m = fw._band(m)
+    log_w_last = fw.S_last - c * np.abs(n - pos[band_m] - fw.targets[m])
+    outputs = np.empty((size, m))
+    ranks = np.empty((size, m), dtype=np.int64)
+    for r in range(size):
+        cell_of = _backward(fw, band_m.start + _draw_log(log_w_last, gen), gen)
+        outputs[r] = np.clip(np.sort(gen.uniform(edges[cell_of], edges[cell_of + 1])), a, b)
+        ranks[r] = pos[cell_of].astype(np.int64)
+    return outputs, ranks
 
-    cell_of = np.empty(m, dtype=np.int64)
-    # Last run: weight S_m(i) * phi_{m+1}(n - p_i).
-    j = m
-    band = fw._band(m)
-    log_w = fw.S_last - c * np.abs(n - pos[band] - fw.targets[m])
-    i = band.start + _draw_log(log_w, gen)
+
+def _backward(fw: _Forward, i: int, gen: np.random.Generator) -> np.ndarray:
+    """Given the cell ``i`` of output m, draw the cells of all outputs, backwards by runs."""
+    pos, c = fw.pos, fw.c
+    cell_of = np.empty(fw.m, dtype=np.int64)
+    j = fw.m
     while True:
         k = 1 + _draw_log(fw.run_terms_single(j, i), gen)
         cell_of[j - k : j] = i
         j -= k
         if j == 0:
-            break
+            return cell_of
         band = fw._band(j)
-        S = fw.run_sums(j)
+        S = fw.finished_sums(j)
         stop = min(band.stop, i) - band.start  # predecessors lie strictly left of cell i
         log_w = S[:stop] - c * np.abs(pos[i] - pos[band][:stop] - fw.targets[j])
         i = band.start + _draw_log(log_w, gen)
-
-    lows = edges[cell_of]
-    highs = edges[cell_of + 1]
-    out = np.sort(gen.uniform(lows, highs))
-    return np.clip(out, a, b), pos[cell_of].astype(np.int64)
