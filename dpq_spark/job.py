@@ -28,6 +28,7 @@ import datetime as _dt
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -125,7 +126,7 @@ def _get_session(properties_file: str | None) -> "SparkSession":
             args += ["--master", "local[*]"]
         if properties_file:
             args += ["--properties-file", properties_file]
-        os.environ["PYSPARK_SUBMIT_ARGS"] = " ".join(args + ["pyspark-shell"])
+        os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(args + ["pyspark-shell"])
         # Local Python workers run the driver's interpreter (where dpq_spark is installed).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return SparkSession.builder.getOrCreate()
