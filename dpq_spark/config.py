@@ -78,7 +78,21 @@ KEY_FORMATS = ("csv", "parquet", "json")
 OUTPUT_FORMATS = ("parquet", "csv", "json")
 OUTPUT_MODES = ("error", "overwrite")
 CSV_MODES = ("DROPMALFORMED", "PERMISSIVE", "FAILFAST")
-MECHANISMS = ("joint_exp",)
+MAX_RESOLUTION = 2**30
+
+
+def _mechanisms() -> tuple[str, ...]:
+    """Mechanism names ``dp_quantiles`` accepts: JointExp and the pure-DP baselines of the core
+    registry (the same rule as ``dpq_spark.spark._mechanisms``, without importing pyspark)."""
+    names = ["joint_exp"]
+    try:
+        from dpq_spark.core import mechanisms as registry
+    except ModuleNotFoundError:  # pragma: no cover - the registry is optional
+        return tuple(names)
+    guarantees = getattr(registry, "GUARANTEES", {})
+    names += sorted(n for n in registry.MECHANISMS
+                    if n != "joint_exp" and guarantees.get(n, "pure") == "pure")
+    return tuple(names)
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 
@@ -464,7 +478,9 @@ def _parse_release(sec: dict) -> ReleaseConfig:
         _fail("`release.max_rows_per_unit` and `release.max_groups_per_unit` need "
               "`release.privacy_unit`")
     resolution = _wrap(check_positive_int, sec.get("resolution", 2**20), "release.resolution", 2)
-    mechanism = _choice(sec, "release", "mechanism", MECHANISMS, default="joint_exp")
+    if resolution > MAX_RESOLUTION:
+        _fail(f"`release.resolution` must be <= 2**30, got {resolution!r}")
+    mechanism = _choice(sec, "release", "mechanism", _mechanisms(), default="joint_exp")
     return ReleaseConfig(quantiles=quantiles, epsilon=epsilon, delta=delta, lower=lower,
                          upper=upper, neighboring=neighboring, privacy_unit=unit,
                          max_rows_per_unit=rows, max_groups_per_unit=groups,
@@ -527,6 +543,16 @@ def parse_config(raw: dict, *, source: str | None = None,
     if release.privacy_unit in (inp.column, *inp.group_by):
         _fail(f"`release.privacy_unit` {release.privacy_unit!r} must not be the value column or "
               "a group column")
+    # The rules dp_quantiles enforces on combinations, checked here so that the job never
+    # spends budget on a release the library would refuse.
+    if release.max_groups_per_unit != 1 and not inp.group_by:
+        _fail("`release.max_groups_per_unit` applies only with `input.group_by`")
+    if release.neighboring == "swap" and (inp.group_by or release.privacy_unit is not None):
+        _fail("`release.neighboring = \"swap\"` is supported only without `input.group_by` and "
+              "`release.privacy_unit`; use \"add_remove\"")
+    if release.delta is not None and (not inp.group_by or raw.get("groups")):
+        _fail("`release.delta` is only for DP partition selection: with `input.group_by` and "
+              "without [groups]")
     groups = _parse_groups(raw.get("groups"), inp.group_by, release.delta is not None)
     output = _parse_output(raw["output"], now or _dt.datetime.now(_dt.timezone.utc))
     ledger = _parse_ledger(raw["ledger"], release.delta)
