@@ -268,6 +268,13 @@ class MedianMechanism:
        (hard), clipped to ``[0, 1]``, then drop the candidates farther than ``alpha`` from it;
     3. after ``c`` hard answers, halt.
 
+    Accounting: each of the ``c`` rounds of tests is an AboveThreshold instance costing
+    ``epsilon_1 / c`` however many tests it runs, and each hard answer (scale
+    ``sigma(epsilon_2) = 9 c Delta / epsilon_svt``) costs ``epsilon_svt / (9 c)``, so the session
+    costs ``epsilon_1 + epsilon_2 / 2 = epsilon_svt`` (Theorem 3.27). :attr:`epsilon_spent`
+    reports ``count_epsilon + h epsilon_svt / c`` after ``h`` hard answers, plus
+    ``epsilon_1 / c`` once a test of the next round has run; it reaches ``epsilon`` at the halt.
+
     Refill (sampled candidates only): every hard answer is also recorded in a public
     distribution over ``X``, the maximum-entropy distribution relative to ``prior`` matching the
     released hard answers (fitted by iterative proportional fitting). When fewer than
