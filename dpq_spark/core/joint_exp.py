@@ -389,8 +389,25 @@ class _Forward:
             return self.S_cache[j]
         return self.run_sums(j)
 
+    def _on_band(self, table: list[np.ndarray], jp: int, band: slice, offset: float) -> np.ndarray:
+        """``table[jp-1]`` (plus ``offset``) over all cells of ``band``; -inf outside band jp."""
+        lo, hi = int(self.lo[jp - 1]), int(self.hi[jp - 1])
+        if lo <= band.start and band.stop <= hi:
+            return table[jp - 1][band.start - lo : band.stop - lo] + offset
+        out = np.full(band.stop - band.start, -np.inf)
+        a, b = max(lo, band.start), min(hi, band.stop)
+        if a < b:
+            out[a - band.start : b - band.start] = table[jp - 1][a - lo : b - lo] + offset
+        return out
+
     def run_sums(self, j: int) -> np.ndarray:
-        """S_j = log sum_k alpha(j, i, k) on band j, minus nu_j (the scale of the stored A_j)."""
+        """S_j = log sum_k alpha(j, i, k) on band j, minus nu_j (the scale of the stored A_j).
+
+        Run lengths are added while an upper bound on all longer runs is not below ``2**-72`` of
+        the sum so far, for any cell. While many cells need a term, it is added on the whole
+        band (adding a negligible term to a finished cell only makes it more exact); once few
+        do, only on those.
+        """
         band = self._band(j)
         acc = self.A[j - 1].copy()
         if j == 1:
@@ -398,24 +415,34 @@ class _Forward:
         scale = self.nu[j - 1]
         L = self.log_width[band]
         lam_j = self._log_lambda(j, band) - scale
-        active = np.arange(acc.size)
+        size = acc.size
+        active: np.ndarray | None = None  # None: every cell of the band (dense mode)
         for k in range(2, j + 1):
-            cells = band.start + active
             jp = j - k + 1  # the run of k outputs starts at output jp
             # Every term with run start <= jp is at most exp(G_max_jp + Lambda_j) / k'! with
             # k' >= k, and sum_{k' >= k} 1/k'! <= 2/k!.
-            bound = self._gather(self.G_max, jp, cells, 0.0) + lam_j[active] + math.log(2.0) - gammaln(k + 1)
-            keep = bound >= acc[active] - _LOG_RUN_TOL
-            active, cells = active[keep], cells[keep]
-            if active.size == 0:
-                break
-            term = (
-                self._gather(self.A, jp, cells, self.nu[jp - 1])
-                - scale
-                - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1])
-                + (k - 1) * L[active]
-                - _log_run_volume(k)
-            )
+            log_tail = math.log(2.0) - float(gammaln(k + 1))
+            shift = -self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1]) - _log_run_volume(k) - scale
+            if active is None:
+                bound = self._on_band(self.G_max, jp, band, log_tail) + lam_j
+                need = bound >= acc - _LOG_RUN_TOL
+                count = int(np.count_nonzero(need))
+                if count == 0:
+                    break
+                if count * 8 < size:
+                    active = np.flatnonzero(need)
+                else:
+                    term = self._on_band(self.A, jp, band, self.nu[jp - 1] + shift) + (k - 1) * L
+                    acc = logaddexp(acc, term)
+                    continue
+            else:
+                cells = band.start + active
+                bound = self._gather(self.G_max, jp, cells, log_tail) + lam_j[active]
+                active = active[bound >= acc[active] - _LOG_RUN_TOL]
+                if active.size == 0:
+                    break
+            cells = band.start + active
+            term = self._gather(self.A, jp, cells, self.nu[jp - 1] + shift) + (k - 1) * L[active]
             acc[active] = logaddexp(acc[active], term)
         return acc
 
