@@ -15,7 +15,7 @@ from pyspark.sql import types as T
 from dpq_spark.spark._release import CELL, COUNT, UNITS
 
 __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "restrict_to_keys", "bound_contributions",
-           "cell_counts", "placeholder_rows"]
+           "cell_counts"]
 
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
@@ -102,11 +102,3 @@ def cell_counts(rows: DataFrame, keys: tuple[str, ...], lower: float, upper: flo
     if with_units:
         aggs.append(F.sum(UNITS).cast("long").alias(UNITS))
     return rows.groupBy(*keys, cell.alias(CELL)).agg(*aggs)
-
-
-def placeholder_rows(key_df: DataFrame, keys: tuple[str, ...], with_units: bool) -> DataFrame:
-    """One row per public key with cell -1 and count 0, so a key with no data still gets a call."""
-    cols = [F.col(k) for k in keys] + [F.lit(-1).cast("int").alias(CELL), F.lit(0).cast("long").alias(COUNT)]
-    if with_units:
-        cols.append(F.lit(0).cast("long").alias(UNITS))
-    return key_df.select(*cols)

@@ -2,7 +2,10 @@
 
 ``"joint_exp"`` is always there. If ``dpq_spark.core.mechanisms`` exists, its ``MECHANISMS``
 dict (name -> callable with the signature of :func:`dpq_spark.core.joint_exp`) adds the
-baselines. The lookup is lazy so that this module works with or without the registry.
+baselines. The lookup is lazy so that this module works with or without the registry. Only
+mechanisms whose registered guarantee (``GUARANTEES``) is pure epsilon-DP are offered:
+``dp_quantiles`` promises pure DP and scales epsilon by group privacy and composition, which an
+``(epsilon, delta)`` or zCDP mechanism would not honour.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ def available_mechanisms() -> dict[str, Callable]:
 
     found: dict[str, Callable] = {"joint_exp": joint_exp}
     try:
-        from dpq_spark.core.mechanisms import MECHANISMS
+        from dpq_spark.core import mechanisms as registry
     except ModuleNotFoundError as exc:
         if exc.name != "dpq_spark.core.mechanisms":
             raise
     else:
-        found.update(MECHANISMS)
+        guarantees = getattr(registry, "GUARANTEES", {})
+        found.update({name: fn for name, fn in registry.MECHANISMS.items()
+                      if guarantees.get(name, "pure") == "pure"})
     return found
 
 

@@ -158,7 +158,7 @@ def dp_quantiles(
                 req.resolution)
     params, counts = _plan(req, key_df)
     if req.keys:
-        table = _release_grouped(req, params, counts)
+        table = _release_grouped(req, params, counts, key_df)
     else:
         table = _release_global(req, params, counts)
     out = _materialise(req, table)
@@ -196,13 +196,17 @@ def _plan(req: QuantileRequest, key_df):
     )
     rows = flow.clean_rows(req)
     if key_df is not None:
-        rows = flow.restrict_to_keys(rows, req.keys, key_df, broadcast=not isinstance(req.groups, DataFrame))
-    with_units = req.selects_partitions and req.privacy_unit is not None
+        rows = flow.restrict_to_keys(rows, req.keys, key_df,
+                                     broadcast=not isinstance(req.groups, DataFrame))
     if req.privacy_unit is not None:
         rows = flow.bound_contributions(rows, req.keys, r, g, row_seed, group_seed)
+    if req.keys:
+        # One shuffle by key: the cell aggregation and the per-group UDF then both run on this
+        # partitioning. A group's raw rows are never held in memory: the aggregation keeps at
+        # most `resolution` cells per group (spilling if needed), and only those reach Python.
+        rows = rows.repartition(*req.keys)
+    with_units = req.selects_partitions and req.privacy_unit is not None
     counts = flow.cell_counts(rows, req.keys, req.lower, req.upper, req.resolution, with_units)
-    if key_df is not None:
-        counts = counts.unionByName(flow.placeholder_rows(key_df, req.keys, with_units))
     return params, counts
 
 
@@ -213,15 +217,49 @@ def _output_schema(req: QuantileRequest) -> T.StructType:
     return T.StructType(fields)
 
 
-def _release_grouped(req: QuantileRequest, params: ReleaseParams, counts: DataFrame):
-    """Run the mechanism once per group in ``applyInPandas`` and collect the release."""
+def _key_hash(keys):
+    return F.xxhash64(*[F.col(k) for k in keys]).alias(KEY_HASH)
+
+
+def _release_grouped(req: QuantileRequest, params: ReleaseParams, counts: DataFrame, key_df):
+    """Run the mechanism once per group in ``applyInPandas`` and collect the release.
+
+    A public key with no rows never reaches the UDF; the driver collects the (public) key list
+    and answers each such key from empty data, exactly as the UDF would.
+    """
     counts = counts.withColumn(KEY_HASH, F.xxhash64(*[F.col(k) for k in req.keys]))
 
     def fn(pdf):  # no type hints: pyspark must not try to infer an eval type (nor print params)
         return release_group(pdf, params)
 
     released = counts.groupBy(*req.keys).applyInPandas(fn, schema=_output_schema(req))
-    return released.toArrow()
+    table = released.toArrow()
+    if key_df is None:
+        return table
+    listed = key_df.select(*req.keys, _key_hash(req.keys)).toArrow().to_pylist()
+    answered = {_match_key(row, req.keys) for row in table.select(list(req.keys)).to_pylist()}
+    missing = [row for row in listed if _match_key(row, req.keys) not in answered]
+    if not missing:
+        return table
+    columns = {k: [] for k in req.keys}
+    columns.update(quantile=[], value=[])
+    for row in missing:
+        empty = pd.DataFrame({**{k: pd.Series([row[k]], dtype=object) for k in req.keys},
+                              CELL: [-1], COUNT: [0], KEY_HASH: [row[KEY_HASH]]})
+        out = release_group(empty, params)
+        for k in req.keys:
+            columns[k] += [row[k]] * len(out)
+        columns["quantile"] += out["quantile"].tolist()
+        columns["value"] += out["value"].tolist()
+    extra = pa.table({name: pa.array(values, type=table.schema.field(name).type)
+                      for name, values in columns.items()})
+    return pa.concat_tables([table, extra.cast(table.schema)])
+
+
+def _match_key(record: dict, keys) -> tuple:
+    """A hashable, NaN-safe form of one key (Spark groups NaN with NaN, Python does not)."""
+    return tuple(("nan",) if isinstance(record[k], float) and record[k] != record[k] else record[k]
+                 for k in keys)
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, counts: DataFrame):
