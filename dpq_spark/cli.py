@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["run"]:
         from dpq_spark.job import main as job_main
 
-        return job_main(argv[1:])
+        return job_main(argv[1:], prog="dpq-spark run")
     args = build_parser().parse_args(argv)
     from dpq_spark.config import ConfigError
     from dpq_spark.ledger import LedgerError

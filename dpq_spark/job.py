@@ -438,13 +438,28 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("dpq_spark").setLevel(level.upper())
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the job from the command line; returns the process exit code.
+def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
+    """Run the job from the command line.
 
-    Exit codes: 0 released, 2 configuration error, 3 budget exceeded, 4 output exists,
-    1 any other failure.
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default ``sys.argv[1:]``): ``--config FILE`` and override flags.
+    prog : str
+        Program name shown in ``--help``.
+
+    Returns
+    -------
+    int
+        The exit code: 0 released, 2 configuration error, 3 budget exceeded, 4 output exists,
+        1 any other failure. The output path is printed on success.
+
+    Privacy
+    -------
+    See :func:`run_job`: one release with the configured guarantee, charged to the ledger
+    before any data is read.
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     _configure_logging(args.log_level)
     try:
         cfg = load_config(args.config, _overrides(args))

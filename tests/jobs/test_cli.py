@@ -50,3 +50,8 @@ def test_ledger_set_cap_and_errors(tmp_path, capsys):
     assert "`epsilon_cap` must be finite and > 0" in capsys.readouterr().err
     assert main(["ledger", "show", "--dataset", "books"]) == 2
     assert "--ledger PATH or --config FILE" in capsys.readouterr().err
+
+
+def test_run_dispatches_to_the_job(tmp_path, capsys):
+    assert main(["run", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert "configuration error: config file" in capsys.readouterr().err
