@@ -222,6 +222,7 @@ class MedianMechanismSession:
         self._spark = df.sparkSession
         self._codes = self._code_arrays()
         self._domain_df = None
+        self._points = None
 
         started = time.perf_counter()
         histogram = self._histogram(df)
@@ -269,8 +270,11 @@ class MedianMechanismSession:
         """A pandas DataFrame of the domain points, one row per point in histogram order.
 
         Numeric columns hold the bin midpoints, categorical ones the values; the missing level
-        is ``None``/NaN. Callables passed to :meth:`ask` receive this frame.
+        is ``None``/NaN. Callables passed to :meth:`ask` receive this frame (built once; do not
+        modify it).
         """
+        if self._points is not None:
+            return self._points
         import pandas as pd
 
         data = {}
@@ -282,7 +286,8 @@ class MedianMechanismSession:
             else:
                 reps = np.array(list(spec.values) + [None], dtype=object)
                 data[name] = reps[codes]
-        return pd.DataFrame(data)
+        self._points = pd.DataFrame(data)
+        return self._points
 
     def _domain_frame(self):
         """The domain points as a small local Spark DataFrame (built once, never the data)."""
