@@ -207,6 +207,7 @@ class MedianMechanismSession:
         missing = [c for c in self.domain if c not in df.columns]
         if missing:
             raise ValueError(f"`domain` columns {missing} are not columns of `df`")
+        _check_column_types(df.schema, self.domain)
         self._levels = [_levels(spec) for spec in self.domain.values()]
         size = math.prod(self._levels)
         if size > _MAX_DOMAIN:
@@ -239,7 +240,9 @@ class MedianMechanismSession:
         for (name, spec), levels in zip(self.domain.items(), self._levels):
             col = F.col(name)
             if isinstance(spec, NumericColumn):
-                x = col.cast("double")
+                # try_cast: an unparsable value becomes missing instead of an error that could
+                # quote it (ANSI mode)
+                x = col.try_cast("double") if hasattr(col, "try_cast") else col.cast("double")
                 width = (spec.upper - spec.lower) / spec.bins
                 clamped = F.least(F.greatest(x, F.lit(spec.lower)), F.lit(spec.upper))
                 code = F.least(F.floor((clamped - F.lit(spec.lower)) / F.lit(width)), F.lit(spec.bins - 1))
@@ -471,6 +474,29 @@ def _check_real(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
         raise ValueError(f"`{name}` must be a finite real number, got {value!r}")
     return float(value)
+
+
+def _check_column_types(schema, domain) -> None:
+    """Categorical values must have the column's type family (checked on the schema, no job)."""
+    from pyspark.sql import types as T
+
+    for name, spec in domain.items():
+        if not isinstance(spec, CategoricalColumn):
+            continue
+        column_type = schema[name].dataType
+        value_type = _value_type(spec.values)
+        families = [
+            (T.StringType, T.StringType),
+            (T.BooleanType, T.BooleanType),
+            (T.LongType, T.IntegralType),
+            (T.DoubleType, T.NumericType),
+        ]
+        ok = any(isinstance(value_type, v) and isinstance(column_type, c) for v, c in families)
+        if not ok:
+            raise TypeError(
+                f"`domain[{name!r}]` values are {value_type.simpleString()} but column {name!r} "
+                f"is {column_type.simpleString()}"
+            )
 
 
 def _value_type(values):

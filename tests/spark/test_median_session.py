@@ -120,6 +120,9 @@ def test_arguments_are_checked_before_spark_reads_data(spark):
     ]:
         with pytest.raises(error, match=match):
             MedianMechanismSession(poisoned, **{**base, **change})
+    with pytest.raises(TypeError, match="values are bigint but column 'g' is string"):
+        MedianMechanismSession(spark.createDataFrame([("a",)], "g string"), domain={"g": [1, 2]},
+                               epsilon=1.0, accuracy=0.1, max_hard_queries=2)
     with pytest.raises(ValueError, match="categorical domain values must be distinct"):
         CategoricalColumn(("a", "a"))
 
@@ -141,6 +144,15 @@ def test_halt_and_unverified_answers(spark, small_df):
     strict.ask(F.col("g") == "a")
     with pytest.raises(SessionHaltedError):
         strict.quantile("x", 0.5)
+
+
+def test_unparsable_numeric_strings_go_to_the_missing_level(spark):
+    df = spark.createDataFrame([("1.5",), ("oops",), (None,), ("7",)], "s string")
+    session = MedianMechanismSession(
+        df, domain={"s": NumericColumn(0.0, 10.0, 2)}, epsilon=1e9, accuracy=0.01,
+        max_hard_queries=10, candidate_size=10, n_candidates=20, rng=np.random.default_rng(5),
+    )
+    np.testing.assert_array_equal(session.mechanism._histogram, [1, 1, 2])
 
 
 def test_add_remove_releases_a_noisy_count(small_df):
