@@ -571,7 +571,8 @@ class MedianMechanism:
         maskf = mask.astype(np.float64)
         cand = self._candidates.answers(maskf)
         median = _lower_median(cand)
-        true = float(self._histogram @ maskf) / self.n  # the only private read
+        # the only private read (a masked sum: a BLAS dot can stall on busy multi-threaded hosts)
+        true = float(self._histogram[mask].sum()) / self.n
         above = self._svt.query(true - median)
         if above is not None:
             noisy = median + above
