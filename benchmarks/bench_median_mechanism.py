@@ -2,7 +2,7 @@
 
 Run from the repository root (numpy/scipy only, no Spark)::
 
-    .venv/bin/python benchmarks/bench_median_mechanism.py            # both parts, ~3 minutes
+    .venv/bin/python benchmarks/bench_median_mechanism.py            # both parts, ~2-3 minutes
     .venv/bin/python benchmarks/bench_median_mechanism.py --part latency
     .venv/bin/python benchmarks/bench_median_mechanism.py --plot docs/median_mechanism_accuracy.png
 
