@@ -25,7 +25,17 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["StandaloneCluster", "spark_home", "free_port"]
+__all__ = ["StandaloneCluster", "spark_home", "free_port", "clean_environ"]
+
+# Set by pyspark in a process that already runs a driver; a child process that inherits them
+# would talk to the parent's JVM gateway instead of starting its own, and hang.
+_INHERITED_DRIVER_VARS = ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE",
+                          "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_API_MODE")
+
+
+def clean_environ() -> dict:
+    """``os.environ`` without the variables of this process's own Spark driver."""
+    return {k: v for k, v in os.environ.items() if k not in _INHERITED_DRIVER_VARS}
 
 
 def spark_home() -> Path:
@@ -67,7 +77,7 @@ class StandaloneCluster:
 
     # environment shared by the daemons and spark-submit
     def env(self) -> dict:
-        env = dict(os.environ)
+        env = clean_environ()
         env.update({
             "SPARK_HOME": str(self.home),
             "SPARK_LOCAL_IP": "127.0.0.1",
