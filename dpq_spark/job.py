@@ -247,13 +247,13 @@ def write_release(result: "DataFrame", out: OutputConfig, metadata: dict[str, An
     ``_release.json`` is added, and the directory is renamed into place (an atomic rename on a
     POSIX file system). With ``mode="overwrite"`` an earlier release is moved aside first and
     deleted after the rename. Remote URIs (s3a://, abfss://, dbfs:/ ...) are written by Spark's
-    committer with ``errorifexists``/``overwrite``; there the ``_SUCCESS`` marker tells a
+    committer with mode ``error``/``overwrite``; there the ``_SUCCESS`` marker tells a
     complete release, and the metadata lives in the ledger only.
     """
     writer_opts = {"header": True} if out.format == "csv" else {}
     single = result.coalesce(1)
     if not is_local_path(out.path):
-        mode = "overwrite" if out.mode == "overwrite" else "errorifexists"
+        mode = "overwrite" if out.mode == "overwrite" else "error"
         single.write.format(out.format).options(**writer_opts).mode(mode).save(out.path)
         return out.path
     final = out.path
@@ -261,7 +261,7 @@ def write_release(result: "DataFrame", out: OutputConfig, metadata: dict[str, An
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     try:
-        single.write.format(out.format).options(**writer_opts).mode("errorifexists").save(tmp)
+        single.write.format(out.format).options(**writer_opts).mode("error").save(tmp)
         with open(os.path.join(tmp, RELEASE_METADATA), "w", encoding="utf-8") as fh:
             json.dump(metadata, fh, indent=2, sort_keys=True)
         if os.path.exists(final):
