@@ -37,6 +37,7 @@ def _session(master: str):
 
     spark = (SparkSession.builder.master(master).appName("dpq_spark-bench")
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
              .getOrCreate())
