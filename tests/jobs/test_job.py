@@ -217,3 +217,38 @@ format = "parquet"
     assert list(rel["g2"]) == [1, 2] and list(rel["quantile"]) == [0.5, 0.5]
     assert [r.status for r in Ledger(str(tmp_path / "ledger.sqlite")).records("synthetic")] == \
         ["committed", "committed"]
+
+
+def test_partition_selection_run_charges_delta(spark, tmp_path):
+    pdf = pd.DataFrame({"g": np.repeat(["x", "y"], 400), "v": np.tile(np.arange(400.0) / 4, 2)})
+    spark.createDataFrame(pdf).write.parquet(str(tmp_path / "data.parquet"))
+    (tmp_path / "ps.toml").write_text(f"""
+[input]
+format = "parquet"
+path = "{tmp_path / 'data.parquet'}"
+column = "v"
+group_by = ["g"]
+[release]
+quantiles = "median"
+epsilon = 50.0
+delta = 1e-6
+lower = 0.0
+upper = 100.0
+[output]
+path = "{tmp_path / 'out'}"
+[ledger]
+path = "{tmp_path / 'ledger.sqlite'}"
+dataset_id = "ps"
+epsilon_cap = 60.0
+delta_cap = 1.5e-6
+""")
+    assert main(["--config", str(tmp_path / "ps.toml")]) == 0
+    rel = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    assert set(rel["g"]) <= {"x", "y"} and rel["value"].between(0, 100).all()
+    meta = json.load(open(tmp_path / "out" / "_release.json"))
+    assert meta["guarantee"].startswith("(50, 1e-06)-DP")
+    ledger = Ledger(str(tmp_path / "ledger.sqlite"))
+    assert ledger.usage("ps").delta_spent == 1e-6
+    # a second release would pass the delta cap: refused before reading
+    assert main(["--config", str(tmp_path / "ps.toml"), "--output", str(tmp_path / "o2"),
+                 "--epsilon", "1"]) == 3
