@@ -25,7 +25,8 @@ Three facts make the sampler fast without changing its distribution:
 3. *Bands.* Any output sequence with output j in cell i has utility ``<= -2 |p_i - P_j|`` (triangle
    inequality on the first j gaps and on the last m+1-j), so the mass of all sequences through
    (j, i) is at most ``exp(-2c |p_i - P_j|) w_i (b-a)^{m-1} / ((j-1)! (m-j)!)``. The normaliser is at
-   least the mass of one reference sequence near the true quantiles. Cells whose bound, summed over
+   least the mass of one reference sequence near the true quantiles, and at least that of a product
+   of disjoint boxes around them (:func:`_box_lower_bound`). Cells whose bound, summed over
    every pruned (j, i), stays below ``2**-60`` of that lower bound are left out of step j
    (:func:`_bands`). Leaving them out changes every probability the sampler uses by a relative
    amount below ``2**-60``, under float64's own rounding of the normalised weights (``2**-53``).
@@ -184,28 +185,61 @@ def _cells(x: np.ndarray, counts: np.ndarray | None, a: float, b: float):
 # Bands
 
 
-def _bands(log_width, pos, n, q, c, a, b):
+def _bands(edges, log_width, pos, n, q, c, a, b):
     """Contiguous ranges ``[lo_j, hi_j)`` of cells that step j must keep (see module docstring)."""
     m = q.size
     K = pos.size
     cum_target = q * n  # P_j
-    # Reference sequence: per j, the cell near P_j maximising log w - 2c |p - P_j|, made monotone.
+    # Lower bound 1, a reference sequence: per j, the cell near P_j maximising
+    # log w - 2c |p - P_j|, made monotone.
     centre = np.searchsorted(pos, cum_target, side="right") - 1
     span = np.arange(-32, 33)
     cand = np.clip(centre[:, None] + span[None, :], 0, K - 1)
     score = log_width[cand] - 2.0 * c * np.abs(pos[cand] - cum_target[:, None])
     ref = np.maximum.accumulate(cand[np.arange(m), np.argmax(score, axis=1)])
+    keep_lo, keep_hi = ref, ref + 1
     log_z_low = _log_sequence_weight(ref, log_width, pos, n, q, c)
+    boxes = _box_lower_bound(edges, pos, n, q, c)
+    if boxes is not None and boxes[0] > log_z_low:
+        log_z_low, keep_lo, keep_hi = boxes
     j = np.arange(1, m + 1)
     log_volume = (m - 1) * math.log(b - a) - gammaln(j) - gammaln(m - j + 1)
     slack = log_volume + math.log(b - a) + math.log(m) + _LOG_BAND_TOL - log_z_low
     half = np.maximum(slack, 0.0) / (2.0 * c)
     lo = np.searchsorted(pos, cum_target - half, side="left")
     hi = np.searchsorted(pos, cum_target + half, side="right")
-    # The reference cells always lie inside (their bound exceeds the normaliser's lower bound).
-    lo = np.minimum(lo, ref)
-    hi = np.maximum(hi, ref + 1)
-    return lo, hi
+    # The sequences behind the lower bound must stay in the kept family.
+    return np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
+
+
+def _box_lower_bound(edges, pos, n, q, c):
+    """Lower bound 2, a product of boxes: output j anywhere in the cells of rank in
+    ``[P_j - h_j, P_j + h_j)``, with ``h_j`` at most half the distance to the neighbouring targets
+    (so the boxes are disjoint and increasing, and their outputs sorted). Each output's rank is
+    within ``d_j`` of ``P_j``, so ``u >= -2 sum_j d_j`` and the mass is at least
+    ``exp(-2c sum_j d_j) prod_j |box_j|``. Returns ``(log bound, lo, hi)`` or None.
+    """
+    cum = q * n
+    gaps = np.diff(np.concatenate(([0.0], cum, [float(n)])))
+    h_max = np.minimum(gaps[:-1], gaps[1:]) / 2.0
+    if not np.all(h_max >= 1.0):
+        return None
+    grid = 2.0 ** np.arange(0, int(np.ceil(np.log2(h_max.max()))) + 1)
+    h = np.minimum(grid[None, :], h_max[:, None])
+    left = np.searchsorted(pos, cum[:, None] - h, side="left")
+    right = np.searchsorted(pos, cum[:, None] + h, side="left")
+    valid = right > left
+    lc = np.minimum(left, pos.size - 1)
+    rc = np.clip(right - 1, 0, pos.size - 1)
+    dist = np.maximum(np.abs(pos[lc] - cum[:, None]), np.abs(pos[rc] - cum[:, None]))
+    with np.errstate(divide="ignore"):
+        length = np.log(edges[np.minimum(right, pos.size)] - edges[lc])
+    score = np.where(valid, length - 2.0 * c * dist, -np.inf)
+    best = np.argmax(score, axis=1)
+    rows = np.arange(q.size)
+    if not np.all(np.isfinite(score[rows, best])):
+        return None
+    return float(score[rows, best].sum()), left[rows, best], right[rows, best]
 
 
 def _log_sequence_weight(seq, log_width, pos, n, q, c) -> float:
@@ -502,7 +536,7 @@ def _sample_many(x, counts, q, c, a, b, gen, size):
     """
     edges, log_width, pos, n = _cells(x, counts, a, b)
     m = q.size
-    lo, hi = _bands(log_width, pos, n, q, c, a, b)
+    lo, hi = _bands(edges, log_width, pos, n, q, c, a, b)
     fw = _Forward(log_width, pos, n, q, c, lo, hi)
     fw.run()
     band_m = fw._band(m)

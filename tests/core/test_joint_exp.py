@@ -227,13 +227,17 @@ def test_counts_match_brute_force_of_the_repeated_array():
     assert chi_square_pvalue(ranks, probs) > 1e-3
 
 
-def test_band_pruning_keeps_the_normaliser():
-    # With pruning on, the forward pass must reach the same log normaliser as with full bands.
+@pytest.mark.parametrize("eps, lower_bound", [(1.0, "boxes"), (0.2, "boxes"), (1.0, "reference")])
+def test_band_pruning_keeps_the_normaliser(eps, lower_bound, monkeypatch):
+    # With pruning on, the forward pass must reach the same log normaliser as with full bands,
+    # whichever lower bound of the normaliser sets the bands.
+    if lower_bound == "reference":
+        monkeypatch.setattr(J, "_box_lower_bound", lambda *args: None)
     x = np.random.default_rng(8).normal(0.0, 5.0, 3000)
     q = np.arange(1, 6) / 6
-    c = 1.0 / (2 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
+    c = eps / (2 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
     edges, log_width, pos, n = J._cells(x, None, -100.0, 100.0)
-    lo, hi = J._bands(log_width, pos, n, q, c, -100.0, 100.0)
+    lo, hi = J._bands(edges, log_width, pos, n, q, c, -100.0, 100.0)
     assert (hi - lo).max() < pos.size // 2, "the test needs a case where pruning happens"
 
     def log_z(lo, hi):
@@ -245,6 +249,26 @@ def test_band_pruning_keeps_the_normaliser():
 
     full = log_z(np.zeros_like(lo), np.full_like(hi, pos.size))
     assert abs(log_z(lo, hi) - full) <= 1e-12 * abs(full)
+
+
+def test_band_pruning_with_a_wrong_bound_is_caught(monkeypatch):
+    # Power of the test above: bands cut by a bound 200 nats too optimistic lose mass.
+    monkeypatch.setattr(J, "_LOG_BAND_TOL", J._LOG_BAND_TOL - 200.0)
+    x = np.random.default_rng(8).normal(0.0, 5.0, 3000)
+    q = np.arange(1, 6) / 6
+    c = 1.0 / (2 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
+    edges, log_width, pos, n = J._cells(x, None, -100.0, 100.0)
+    lo, hi = J._bands(edges, log_width, pos, n, q, c, -100.0, 100.0)
+    fw = J._Forward(log_width, pos, n, q, c, lo, hi)
+    fw.run()
+    full = J._Forward(log_width, pos, n, q, c, np.zeros_like(lo), np.full_like(hi, pos.size))
+    full.run()
+
+    def log_z(fw):
+        band = fw._band(q.size)
+        return np.logaddexp.reduce(fw.S_last - c * np.abs(n - pos[band] - fw.targets[-1]) + fw.nu[-1])
+
+    assert abs(log_z(fw) - log_z(full)) > 1e-9 * abs(log_z(full))
 
 
 def test_kernel_sums_match_direct_sums():
