@@ -15,7 +15,7 @@ from pyspark.sql import types as T
 from dpq_spark.spark._release import CELL, COUNT, UNITS
 
 __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "restrict_to_keys", "bound_contributions",
-           "cell_counts"]
+           "cell_column", "cell_counts", "partitioned_cells"]
 
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
@@ -87,18 +87,27 @@ def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, m
     return rows.where(keep).select(*keys, VALUE, first.alias(UNITS))
 
 
-def cell_counts(rows: DataFrame, keys: tuple[str, ...], lower: float, upper: float,
-                resolution: int, with_units: bool) -> DataFrame:
-    """Clamp to ``[lower, upper]``, map to the grid cell, count rows per (key..., cell).
+def cell_column(lower: float, upper: float, resolution: int):
+    """The grid cell of the value: clamp to ``[lower, upper]``, then ``floor((x - lower) / w)``.
 
     Cell ``k`` covers ``[lower + k w, lower + (k + 1) w)`` with ``w = (upper - lower) /
-    resolution``; ``upper`` itself falls in the last cell.
+    resolution``; ``upper`` itself falls in the last cell. Built-in functions only.
     """
     width = (upper - lower) / resolution
     clamped = F.least(F.greatest(F.col(VALUE), F.lit(lower)), F.lit(upper))
     cell = F.least(F.floor((clamped - F.lit(lower)) / F.lit(width)), F.lit(resolution - 1))
-    cell = F.greatest(cell, F.lit(0)).cast("int")
-    aggs = [F.count(F.lit(1)).alias(COUNT)]
-    if with_units:
-        aggs.append(F.sum(UNITS).cast("long").alias(UNITS))
-    return rows.groupBy(*keys, cell.alias(CELL)).agg(*aggs)
+    return F.greatest(cell, F.lit(0)).cast("int").alias(CELL)
+
+
+def cell_counts(rows: DataFrame, lower: float, upper: float, resolution: int) -> DataFrame:
+    """Rows per grid cell (ungrouped path): at most ``resolution`` rows, partial-aggregated
+    before the shuffle."""
+    return rows.groupBy(cell_column(lower, upper, resolution)).agg(F.count(F.lit(1)).alias(COUNT))
+
+
+def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower: float, upper: float,
+                      resolution: int, extra: list) -> DataFrame:
+    """Grouped path: one row per kept data row with its key and cell, hash partitioned by key
+    (one shuffle) so that every group is whole in one partition."""
+    cols = [F.col(k) for k in keys] + [cell_column(lower, upper, resolution)] + extra
+    return rows.select(*cols).repartition(*keys)

@@ -1,7 +1,7 @@
 """The per-group step of ``dp_quantiles``: grid-cell counts in, one DP release out.
 
-This runs inside ``applyInPandas`` on the executors (one call per group) and on the driver when
-there is no grouping. It imports pandas and numpy only, never pyspark, so that it pickles by
+This runs inside ``mapInPandas`` on the executors (streaming each partition's rows) and on the
+driver when there is no grouping or a public key has no rows. It imports pandas and numpy only, never pyspark, so that it pickles by
 reference and stays cheap to import in a Python worker.
 """
 
@@ -15,7 +15,8 @@ import pandas as pd
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.spark._mechanisms import get_mechanism
 
-__all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "ReleaseParams", "cell_values", "release_group"]
+__all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "ReleaseParams", "cell_values", "release_group",
+           "release_counts", "release_partition"]
 
 # Internal column names of the aggregated frame (the "__dpq_" prefix is reserved).
 CELL = "__dpq_cell"
@@ -47,6 +48,8 @@ class ReleaseParams:
     base_seed: int | None = None
     threshold: float | None = None
     noise_scale: float | None = None
+    integral_keys: tuple[bool, ...] = ()
+    extra_columns: tuple[str, ...] = ()
 
 
 def cell_values(cells: np.ndarray, params: ReleaseParams) -> np.ndarray:
@@ -63,14 +66,14 @@ def _group_rng(params: ReleaseParams, key_hash) -> np.random.Generator:
 
 
 def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
-    """Release the quantiles of one group from its cell counts.
+    """Release the quantiles of one group from its cell counts (driver side).
 
     Parameters
     ----------
     pdf : pandas.DataFrame
-        The rows of one group: key columns, ``CELL`` (int grid cell, or -1 for the placeholder
-        row that gives a public key with no data its answer), ``COUNT`` (rows in the cell),
-        optionally ``UNITS`` (privacy units first seen in the cell) and ``KEY_HASH``.
+        The rows of one group: key columns (absent when ungrouped), ``CELL`` (grid cell),
+        ``COUNT`` (rows in the cell, 0 rows allowed), optionally ``UNITS`` (privacy units first
+        seen in the cell) and ``KEY_HASH``.
     params : ReleaseParams
         Public parameters.
 
@@ -85,21 +88,28 @@ def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
     ``params.epsilon``-DP for the group's cell counts under ``params.neighboring`` (the
     mechanism's guarantee); with partition selection, also the Laplace threshold step.
     """
-    key_hash = pdf[KEY_HASH].iloc[0] if KEY_HASH in pdf.columns and len(pdf) else 0
-    rng = _group_rng(params, key_hash)
     real = pdf[pdf[COUNT] > 0]
     cells = real[CELL].to_numpy(dtype=np.int64)
     counts = real[COUNT].to_numpy(dtype=np.int64)
     order = np.argsort(cells, kind="stable")
-    cells, counts = cells[order], counts[order]
+    units = int(real[UNITS].sum()) if UNITS in real.columns else None
+    key_hash = pdf[KEY_HASH].iloc[0] if KEY_HASH in pdf.columns and len(pdf) else 0
+    keys = {k: pdf[k].iloc[0] for k in params.keys}
+    return release_counts(keys, cells[order], counts[order], units, key_hash, params)
 
-    key_values = {k: pdf[k].iloc[:1] for k in params.keys}
-    m = len(params.quantiles)
+
+def release_counts(keys: dict, cells: np.ndarray, counts: np.ndarray, units, key_hash,
+                   params: ReleaseParams) -> pd.DataFrame:
+    """Release one group from sorted distinct ``cells`` and their ``counts``.
+
+    ``units`` is the group's count of privacy units for partition selection (``None``: one row
+    is one unit, so it is ``counts.sum()``).
+    """
+    rng = _group_rng(params, key_hash)
     if params.threshold is not None:
-        units = float(real[UNITS].sum()) if UNITS in real.columns else float(counts.sum())
-        if units + rng.laplace(0.0, params.noise_scale) < params.threshold:
-            return _frame(key_values, params, np.empty(0), 0)
-
+        size = float(counts.sum()) if units is None else float(units)
+        if size + rng.laplace(0.0, params.noise_scale) < params.threshold:
+            return _frame(keys, params, np.empty(0))
     mechanism = get_mechanism(params.mechanism)
     out = mechanism(
         cell_values(cells, params),
@@ -111,11 +121,123 @@ def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
         counts=counts,
         rng=rng,
     )
-    return _frame(key_values, params, np.asarray(out, dtype=np.float64), m)
+    return _frame(keys, params, np.asarray(out, dtype=np.float64))
 
 
-def _frame(key_values: dict, params: ReleaseParams, values: np.ndarray, m: int) -> pd.DataFrame:
-    data = {k: v.repeat(m).reset_index(drop=True) for k, v in key_values.items()}
+_COMPACT_ROWS = 1 << 22  # raw (group, cell) codes buffered before they are merged into counts
+_OUTPUT_GROUPS = 512  # groups per yielded output batch
+
+
+def _normal_key(values: tuple) -> tuple:
+    """Hashable, NaN-safe key (pandas turns a null into NaN; NaN != NaN would split groups)."""
+    return tuple(("nan",) if isinstance(v, float) and v != v else v for v in values)
+
+
+def _merge_codes(acc_codes, acc_counts, chunks):
+    """Fold raw codes (one per row) into the sorted distinct codes and their counts."""
+    raw = np.sort(np.concatenate(chunks))
+    starts = np.flatnonzero(np.r_[True, raw[1:] != raw[:-1]])
+    codes, counts = raw[starts], np.diff(np.r_[starts, len(raw)])
+    if acc_codes.size:
+        codes = np.concatenate([acc_codes, codes])
+        counts = np.concatenate([acc_counts, counts])
+        order = np.argsort(codes, kind="stable")
+        codes, counts = codes[order], counts[order]
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        codes, counts = codes[starts], np.add.reduceat(counts, starts)
+    return codes, counts
+
+
+def release_partition(batches, params: ReleaseParams):
+    """``mapInPandas`` body: count (group, cell) pairs of one partition, release each group.
+
+    The input is hash partitioned by key, so every group is whole in one partition. Each row is
+    one kept data row: key columns, ``CELL``, optionally ``UNITS`` (1 on the first row of each
+    privacy unit in the group) and ``KEY_HASH``. Rows are streamed batch by batch and reduced to
+    counts per distinct (group, cell) every few million rows, so memory is bounded by the number
+    of distinct (group, cell) pairs of the partition (at most ``resolution`` per group), never
+    by a group's number of rows.
+    """
+    keys = list(params.keys)
+    res = params.resolution
+    gid_of: dict = {}
+    key_values: list[tuple] = []
+    key_hashes: list = []
+    units = np.zeros(0, dtype=np.int64)
+    acc_codes = np.zeros(0, dtype=np.int64)
+    acc_counts = np.zeros(0, dtype=np.int64)
+    chunks: list[np.ndarray] = []
+    buffered = 0
+    for pdf in batches:
+        if len(pdf) == 0:
+            continue
+        if len(keys) == 1:
+            local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
+        else:
+            local = pdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
+        local = np.asarray(local, dtype=np.int64)
+        _, first = np.unique(local, return_index=True)
+        firsts = pdf.iloc[first]
+        to_gid = np.empty(len(first), dtype=np.int64)
+        hashes = firsts[KEY_HASH].tolist() if KEY_HASH in pdf.columns else [0] * len(first)
+        for j, values in enumerate(firsts[keys].itertuples(index=False, name=None)):
+            norm = _normal_key(values)
+            gid = gid_of.get(norm)
+            if gid is None:
+                gid = gid_of[norm] = len(key_values)
+                key_values.append(values)
+                key_hashes.append(hashes[j])
+            to_gid[j] = gid
+        gids = to_gid[local]
+        chunks.append(gids * res + pdf[CELL].to_numpy(dtype=np.int64))
+        buffered += len(pdf)
+        if UNITS in pdf.columns:
+            add = np.bincount(gids, weights=pdf[UNITS].to_numpy(dtype=np.float64),
+                              minlength=len(key_values)).astype(np.int64)
+            units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
+        if buffered >= _COMPACT_ROWS:
+            acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
+            chunks, buffered = [], 0
+    if chunks:
+        acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
+    if acc_codes.size == 0:
+        return
+    group_of = acc_codes // res
+    cells = acc_codes - group_of * res
+    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
+    ends = np.r_[starts[1:], len(group_of)]
+    done = []
+    for a, b in zip(starts, ends):
+        gid = int(group_of[a])
+        group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
+        group_units = int(units[gid]) if UNITS in params.extra_columns else None
+        done.append(release_counts(group_keys, cells[a:b], acc_counts[a:b], group_units,
+                                   key_hashes[gid], params))
+        if len(done) >= _OUTPUT_GROUPS:
+            yield pd.concat(done, ignore_index=True)
+            done = []
+    if done:
+        yield pd.concat(done, ignore_index=True)
+
+
+def _output_key(values: tuple, params: ReleaseParams) -> tuple:
+    """Key values as the output column types expect (pandas may have turned ints into floats
+    and nulls into NaN within a batch)."""
+    out = []
+    for v, integral in zip(values, params.integral_keys):
+        if isinstance(v, float) and v != v:
+            v = None if integral else v
+        elif integral and isinstance(v, (float, np.floating)):
+            v = int(v)
+        elif isinstance(v, np.generic):
+            v = v.item()
+        out.append(v)
+    return tuple(out)
+
+
+def _frame(keys: dict, params: ReleaseParams, values: np.ndarray) -> pd.DataFrame:
+    m = len(values)
+    data = {k: pd.Series([v] * m) for k, v in keys.items()}
     data["quantile"] = np.asarray(params.quantiles[:m], dtype=np.float64)
     data["value"] = values
     return pd.DataFrame(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -14,7 +15,15 @@ from pyspark.sql import types as T
 
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark._arguments import QuantileRequest, parse_request
-from dpq_spark.spark._release import CELL, COUNT, KEY_HASH, ReleaseParams, release_group
+from dpq_spark.spark._release import (
+    CELL,
+    COUNT,
+    KEY_HASH,
+    UNITS,
+    ReleaseParams,
+    release_group,
+    release_partition,
+)
 from dpq_spark.spark._selection import laplace_scale, selection_threshold
 
 __all__ = ["dp_quantiles", "DEFAULT_RESOLUTION"]
@@ -106,15 +115,16 @@ def dp_quantiles(
 
     Notes
     -----
-    Data path: Spark casts the column to double, drops null/NaN, clamps it to
-    ``[lower, upper]`` and maps each value to one of ``resolution`` equal cells (built-in
-    functions only), then counts rows per (key, cell) with a hash aggregation, so no step needs a
-    group's raw rows in one place and a group never sends more than ``resolution`` rows to
-    Python. Per group, the counts go to the mechanism inside ``applyInPandas`` (grouped) or on
-    the driver (ungrouped), with the cell midpoints as values. Rounding to midpoints moves every
-    value by at most ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at
-    most that much to the error of every released quantile (about 4.8e-7 of the range at the
-    default). Two shuffles when grouped (the aggregation and the grouping), one when not.
+    Data path (see ``docs/spark.md``): Spark casts the column to double, drops null/NaN, clamps
+    it to ``[lower, upper]`` and maps each value to one of ``resolution`` equal cells (built-in
+    functions only). Ungrouped, it counts rows per cell (partial aggregation, at most
+    ``resolution`` rows) and the mechanism runs on the driver. Grouped, rows are hash
+    partitioned by key (one shuffle); ``mapInPandas`` streams each partition and reduces it to
+    counts per distinct (group, cell) every few million rows, so Python never holds a group's
+    raw rows and a group costs at most ``resolution`` counts, however many rows it has. The mechanism sees cell
+    midpoints with counts. Rounding to midpoints moves every value by at most
+    ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at most that much to
+    the error of every released quantile (about 4.8e-7 of the range at the default).
 
     Privacy
     -------
@@ -156,18 +166,18 @@ def dp_quantiles(
     logger.info("dp_quantiles: column=%r keys=%r m=%d epsilon=%g mechanism=%s resolution=%d",
                 req.column, list(req.keys), len(req.quantiles), req.epsilon, req.mechanism,
                 req.resolution)
-    params, counts = _plan(req, key_df)
+    params, rows = _plan(req, key_df)
     if req.keys:
-        table = _release_grouped(req, params, counts, key_df)
+        table = _release_grouped(req, params, rows, key_df)
     else:
-        table = _release_global(req, params, counts)
+        table = _release_global(req, params, rows)
     out = _materialise(req, table)
     logger.info("dp_quantiles: released in %.2fs", time.perf_counter() - started)
     return out
 
 
 def _plan(req: QuantileRequest, key_df):
-    """Build the lazy cell-count frame and the per-group parameters (no job runs here)."""
+    """Build the lazy frame of kept rows and the per-group parameters (no job runs here)."""
     g = req.max_groups_per_unit if req.privacy_unit is not None else 1
     r = req.max_rows_per_unit if req.privacy_unit is not None else 1
     eps_quantiles = req.epsilon
@@ -200,14 +210,7 @@ def _plan(req: QuantileRequest, key_df):
                                      broadcast=not isinstance(req.groups, DataFrame))
     if req.privacy_unit is not None:
         rows = flow.bound_contributions(rows, req.keys, r, g, row_seed, group_seed)
-    if req.keys:
-        # One shuffle by key: the cell aggregation and the per-group UDF then both run on this
-        # partitioning. A group's raw rows are never held in memory: the aggregation keeps at
-        # most `resolution` cells per group (spilling if needed), and only those reach Python.
-        rows = rows.repartition(*req.keys)
-    with_units = req.selects_partitions and req.privacy_unit is not None
-    counts = flow.cell_counts(rows, req.keys, req.lower, req.upper, req.resolution, with_units)
-    return params, counts
+    return params, rows
 
 
 def _output_schema(req: QuantileRequest) -> T.StructType:
@@ -221,18 +224,28 @@ def _key_hash(keys):
     return F.xxhash64(*[F.col(k) for k in keys]).alias(KEY_HASH)
 
 
-def _release_grouped(req: QuantileRequest, params: ReleaseParams, counts: DataFrame, key_df):
-    """Run the mechanism once per group in ``applyInPandas`` and collect the release.
+def _release_grouped(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_df):
+    """Stream each partition through ``mapInPandas`` and collect the release.
 
-    A public key with no rows never reaches the UDF; the driver collects the (public) key list
-    and answers each such key from empty data, exactly as the UDF would.
+    One shuffle (hash partitioning by key, no sort); the Python side reduces the rows to counts
+    per distinct (group, cell) as they stream in. A public key with no rows never
+    reaches the UDF: the driver collects the (public) key list and answers each such key from
+    empty data, exactly as the UDF would.
     """
-    counts = counts.withColumn(KEY_HASH, F.xxhash64(*[F.col(k) for k in req.keys]))
+    extra = {}
+    if req.selects_partitions and req.privacy_unit is not None:
+        extra[UNITS] = F.col(UNITS)
+    if params.base_seed is not None:  # seeded (tests): per-group seed from a stable key hash
+        extra[KEY_HASH] = _key_hash(req.keys)
+    integral = tuple(isinstance(req.df.schema[k].dataType, T.IntegralType) for k in req.keys)
+    params = dataclasses.replace(params, integral_keys=integral, extra_columns=tuple(extra))
+    cells = flow.partitioned_cells(rows, req.keys, req.lower, req.upper, req.resolution,
+                                   list(extra.values()))
 
-    def fn(pdf):  # no type hints: pyspark must not try to infer an eval type (nor print params)
-        return release_group(pdf, params)
+    def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
+        return release_partition(batches, params)
 
-    released = counts.groupBy(*req.keys).applyInPandas(fn, schema=_output_schema(req))
+    released = cells.mapInPandas(fn, schema=_output_schema(req))
     table = released.toArrow()
     if key_df is None:
         return table
@@ -262,8 +275,9 @@ def _match_key(record: dict, keys) -> tuple:
                  for k in keys)
 
 
-def _release_global(req: QuantileRequest, params: ReleaseParams, counts: DataFrame):
+def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
     """Collect the (at most ``resolution``) cell counts and run the mechanism on the driver."""
+    counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
     pdf = counts.toArrow().to_pandas()
     if pdf.empty:
         pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
