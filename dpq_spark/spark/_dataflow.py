@@ -12,10 +12,10 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dpq_spark.spark._release import CELL, COUNT, UNITS
+from dpq_spark.spark._release import CELL, CODE, COUNT, GID, UNITS
 
-__all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "restrict_to_keys", "bound_contributions",
-           "cell_column", "cell_counts", "partitioned_cells"]
+__all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "bound_contributions",
+           "cell_column", "cell_counts", "partitioned_cells", "partitioned_codes"]
 
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
@@ -54,15 +54,18 @@ def clean_rows(req) -> DataFrame:
     return rows.where(keep)
 
 
-def restrict_to_keys(rows: DataFrame, keys: tuple[str, ...], key_df: DataFrame,
+def attach_key_index(rows: DataFrame, keys: tuple[str, ...], index_df: DataFrame,
                      broadcast: bool) -> DataFrame:
-    """Keep only rows whose key is listed (null-safe match, so a listed null key matches)."""
-    renamed = key_df.select(*[F.col(k).alias(f"__dpq_k{i}") for i, k in enumerate(keys)])
+    """Inner join with the public key list (null-safe, so a listed null key matches): drops rows
+    of unlisted keys and adds ``GID``, the key's index in the driver's list."""
+    renamed = index_df.select(*[F.col(k).alias(f"__dpq_k{i}") for i, k in enumerate(keys)],
+                              F.col(GID))
     if broadcast:
         renamed = F.broadcast(renamed)
     cond = reduce(lambda a, b: a & b,
                   [F.col(k).eqNullSafe(F.col(f"__dpq_k{i}")) for i, k in enumerate(keys)])
-    return rows.join(renamed, on=cond, how="left_semi")
+    joined = rows.join(renamed, on=cond, how="inner")
+    return joined.drop(*[f"__dpq_k{i}" for i in range(len(keys))])
 
 
 def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, max_groups: int,
@@ -84,7 +87,7 @@ def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, m
         rows = rows.withColumn(_GROUP_RANK, F.dense_rank().over(per_unit))
         keep = keep & (F.col(_GROUP_RANK) <= max_groups)
     first = F.when(F.col(_ROW_RANK) == 1, F.lit(1)).otherwise(F.lit(0))
-    return rows.where(keep).select(*keys, VALUE, first.alias(UNITS))
+    return rows.where(keep).withColumn(UNITS, first).drop(_RAND, _ROW_RANK, _GROUP_RANK)
 
 
 def cell_column(lower: float, upper: float, resolution: int):
@@ -96,18 +99,25 @@ def cell_column(lower: float, upper: float, resolution: int):
     width = (upper - lower) / resolution
     clamped = F.least(F.greatest(F.col(VALUE), F.lit(lower)), F.lit(upper))
     cell = F.least(F.floor((clamped - F.lit(lower)) / F.lit(width)), F.lit(resolution - 1))
-    return F.greatest(cell, F.lit(0)).cast("int").alias(CELL)
+    return F.greatest(cell, F.lit(0)).cast("int")
 
 
 def cell_counts(rows: DataFrame, lower: float, upper: float, resolution: int) -> DataFrame:
     """Rows per grid cell (ungrouped path): at most ``resolution`` rows, partial-aggregated
     before the shuffle."""
-    return rows.groupBy(cell_column(lower, upper, resolution)).agg(F.count(F.lit(1)).alias(COUNT))
+    return rows.groupBy(cell_column(lower, upper, resolution).alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
 def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower: float, upper: float,
                       resolution: int, extra: list) -> DataFrame:
-    """Grouped path: one row per kept data row with its key and cell, hash partitioned by key
-    (one shuffle) so that every group is whole in one partition."""
-    cols = [F.col(k) for k in keys] + [cell_column(lower, upper, resolution)] + extra
+    """Grouped path with keys from the data: one row per kept data row with its key and cell,
+    hash partitioned by key (one shuffle) so that every group is whole in one partition."""
+    cols = [F.col(k) for k in keys] + [cell_column(lower, upper, resolution).alias(CELL)] + extra
     return rows.select(*cols).repartition(*keys)
+
+
+def partitioned_codes(rows: DataFrame, lower: float, upper: float, resolution: int) -> DataFrame:
+    """Grouped path with public keys: one int64 ``CODE = GID * resolution + cell`` per kept row,
+    hash partitioned by ``GID`` (one shuffle); only ``CODE`` travels to Python."""
+    code = F.col(GID).cast("long") * F.lit(resolution) + cell_column(lower, upper, resolution)
+    return rows.select(F.col(GID), code.alias(CODE)).repartition(GID).select(CODE)

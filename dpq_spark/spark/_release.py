@@ -16,10 +16,12 @@ from dpq_spark.core._random import resolve_rng
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "ReleaseParams", "cell_values", "release_group",
-           "release_counts", "release_partition"]
+           "release_counts", "release_partition", "CODE", "GID"]
 
 # Internal column names of the aggregated frame (the "__dpq_" prefix is reserved).
 CELL = "__dpq_cell"
+CODE = "__dpq_code"  # public-key path: key index * resolution + cell, packed in the JVM
+GID = "__dpq_gid"  # public-key path: index of the key in the driver's key list
 COUNT = "__dpq_count"
 UNITS = "__dpq_units"
 KEY_HASH = "__dpq_key_hash"
@@ -50,6 +52,7 @@ class ReleaseParams:
     noise_scale: float | None = None
     integral_keys: tuple[bool, ...] = ()
     extra_columns: tuple[str, ...] = ()
+    key_hashes: tuple[int, ...] | None = None  # public-key path with a seeded rng only
 
 
 def cell_values(cells: np.ndarray, params: ReleaseParams) -> np.ndarray:
@@ -152,7 +155,9 @@ def release_partition(batches, params: ReleaseParams):
     """``mapInPandas`` body: count (group, cell) pairs of one partition, release each group.
 
     The input is hash partitioned by key, so every group is whole in one partition. Each row is
-    one kept data row: key columns, ``CELL``, optionally ``UNITS`` (1 on the first row of each
+    one kept data row. With public keys it is a single ``CODE`` (key index * resolution + cell)
+    and the output carries ``GID`` instead of the key columns; with keys from partition
+    selection it is the key columns, ``CELL``, optionally ``UNITS`` (1 on the first row of each
     privacy unit in the group) and ``KEY_HASH``. Rows are streamed batch by batch and reduced to
     counts per distinct (group, cell) every few million rows, so memory is bounded by the number
     of distinct (group, cell) pairs of the partition (at most ``resolution`` per group), never
@@ -160,6 +165,7 @@ def release_partition(batches, params: ReleaseParams):
     """
     keys = list(params.keys)
     res = params.resolution
+    packed = CODE in params.extra_columns
     gid_of: dict = {}
     key_values: list[tuple] = []
     key_hashes: list = []
@@ -170,6 +176,13 @@ def release_partition(batches, params: ReleaseParams):
     buffered = 0
     for pdf in batches:
         if len(pdf) == 0:
+            continue
+        if packed:  # key index and cell already packed into one int64 by Spark
+            chunks.append(pdf[CODE].to_numpy(dtype=np.int64))
+            buffered += len(pdf)
+            if buffered >= _COMPACT_ROWS:
+                acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
+                chunks, buffered = [], 0
             continue
         if len(keys) == 1:
             local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
@@ -209,10 +222,15 @@ def release_partition(batches, params: ReleaseParams):
     done = []
     for a, b in zip(starts, ends):
         gid = int(group_of[a])
-        group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
-        group_units = int(units[gid]) if UNITS in params.extra_columns else None
+        if packed:
+            group_keys, group_units = {GID: gid}, None
+            key_hash = params.key_hashes[gid] if params.key_hashes is not None else 0
+        else:
+            group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
+            group_units = int(units[gid]) if UNITS in params.extra_columns else None
+            key_hash = key_hashes[gid]
         done.append(release_counts(group_keys, cells[a:b], acc_counts[a:b], group_units,
-                                   key_hashes[gid], params))
+                                   key_hash, params))
         if len(done) >= _OUTPUT_GROUPS:
             yield pd.concat(done, ignore_index=True)
             done = []

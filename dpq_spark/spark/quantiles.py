@@ -17,7 +17,9 @@ from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark._arguments import QuantileRequest, parse_request
 from dpq_spark.spark._release import (
     CELL,
+    CODE,
     COUNT,
+    GID,
     KEY_HASH,
     UNITS,
     ReleaseParams,
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RESOLUTION = 2**20
 _SEED_HIGH = 2**63 - 1
+_BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
 
 
 def dp_quantiles(
@@ -161,14 +164,19 @@ def dp_quantiles(
         delta=delta, resolution=resolution, mechanism=mechanism,
         selection_fraction=selection_fraction, rng=rng,
     )
-    key_df = flow.key_frame(req.df, req.keys, req.groups) if req.groups is not None else None
     started = time.perf_counter()
     logger.info("dp_quantiles: column=%r keys=%r m=%d epsilon=%g mechanism=%s resolution=%d",
                 req.column, list(req.keys), len(req.quantiles), req.epsilon, req.mechanism,
                 req.resolution)
-    params, rows = _plan(req, key_df)
-    if req.keys:
-        table = _release_grouped(req, params, rows, key_df)
+    key_table = None
+    if req.groups is not None:  # public keys: collect them (|groups| rows) and index them
+        key_df = flow.key_frame(req.df, req.keys, req.groups)
+        key_table = key_df.select(*req.keys, _key_hash(req.keys)).toArrow()
+    params, rows = _plan(req, key_table)
+    if key_table is not None:
+        table = _release_public_keys(req, params, rows, key_table)
+    elif req.keys:
+        table = _release_selected_keys(req, params, rows)
     else:
         table = _release_global(req, params, rows)
     out = _materialise(req, table)
@@ -176,7 +184,7 @@ def dp_quantiles(
     return out
 
 
-def _plan(req: QuantileRequest, key_df):
+def _plan(req: QuantileRequest, key_table):
     """Build the lazy frame of kept rows and the per-group parameters (no job runs here)."""
     g = req.max_groups_per_unit if req.privacy_unit is not None else 1
     r = req.max_rows_per_unit if req.privacy_unit is not None else 1
@@ -203,11 +211,18 @@ def _plan(req: QuantileRequest, key_df):
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,
+        integral_keys=tuple(isinstance(req.df.schema[k].dataType, T.IntegralType)
+                            for k in req.keys),
     )
     rows = flow.clean_rows(req)
-    if key_df is not None:
-        rows = flow.restrict_to_keys(rows, req.keys, key_df,
-                                     broadcast=not isinstance(req.groups, DataFrame))
+    if key_table is not None:
+        index = key_table.select(list(req.keys)).append_column(
+            GID, pa.array(np.arange(key_table.num_rows, dtype=np.int64)))
+        schema = T.StructType([*_output_schema(req).fields[:len(req.keys)],
+                               T.StructField(GID, T.LongType(), False)])
+        index_df = req.df.sparkSession.createDataFrame(index, schema=schema)
+        rows = flow.attach_key_index(rows, req.keys, index_df,
+                                     broadcast=key_table.num_rows <= _BROADCAST_KEYS)
     if req.privacy_unit is not None:
         rows = flow.bound_contributions(rows, req.keys, r, g, row_seed, group_seed)
     return params, rows
@@ -224,55 +239,65 @@ def _key_hash(keys):
     return F.xxhash64(*[F.col(k) for k in keys]).alias(KEY_HASH)
 
 
-def _release_grouped(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_df):
-    """Stream each partition through ``mapInPandas`` and collect the release.
+def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
+    """Public keys: stream ``GID * resolution + cell`` codes through ``mapInPandas``.
 
-    One shuffle (hash partitioning by key, no sort); the Python side reduces the rows to counts
-    per distinct (group, cell) as they stream in. A public key with no rows never
-    reaches the UDF: the driver collects the (public) key list and answers each such key from
-    empty data, exactly as the UDF would.
+    One shuffle (by key index, no sort); Python folds each partition's codes into counts per
+    distinct (group, cell). The UDF returns key indexes; the driver maps them back to the
+    collected key values. A public key with no rows never reaches the UDF: the driver answers
+    it from empty data, exactly as the UDF would.
     """
+    hashes = key_table.column(KEY_HASH).to_pylist()
+    params = dataclasses.replace(params, extra_columns=(CODE,),
+                                 key_hashes=tuple(hashes) if params.base_seed is not None else None)
+    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution)
+    schema = T.StructType([T.StructField(GID, T.LongType(), False),
+                           T.StructField("quantile", T.DoubleType(), False),
+                           T.StructField("value", T.DoubleType(), False)])
+
+    def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
+        return release_partition(batches, params)
+
+    released = codes.mapInPandas(fn, schema=schema).toArrow()
+    gids = released.column(GID).to_numpy()
+    quantile = [released.column("quantile")]
+    value = [released.column("value")]
+    take = [pa.array(gids, type=pa.int64())]
+    missing = np.setdiff1d(np.arange(key_table.num_rows), gids)
+    for gid in missing:  # public keys without rows: released from empty data on the driver
+        empty = pd.DataFrame({GID: [int(gid)], CELL: [-1], COUNT: [0], KEY_HASH: [hashes[gid]]})
+        out = release_group(empty, dataclasses.replace(params, keys=(GID,)))
+        quantile.append(pa.array(out["quantile"], type=pa.float64()))
+        value.append(pa.array(out["value"], type=pa.float64()))
+        take.append(pa.array(np.full(len(out), gid, dtype=np.int64)))
+    index = pa.concat_arrays([c for chunk in take for c in _chunks(chunk)])
+    keys = key_table.select(list(req.keys)).take(index)
+    columns = {k: keys.column(k) for k in req.keys}
+    columns["quantile"] = pa.chunked_array([c for chunk in quantile for c in _chunks(chunk)])
+    columns["value"] = pa.chunked_array([c for chunk in value for c in _chunks(chunk)])
+    return pa.table(columns)
+
+
+def _chunks(array):
+    return array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+
+
+def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
+    """Keys from DP partition selection: stream key columns and cells through ``mapInPandas``;
+    each group's noisy unit count is tested against the threshold before its release."""
     extra = {}
-    if req.selects_partitions and req.privacy_unit is not None:
+    if req.privacy_unit is not None:
         extra[UNITS] = F.col(UNITS)
     if params.base_seed is not None:  # seeded (tests): per-group seed from a stable key hash
         extra[KEY_HASH] = _key_hash(req.keys)
-    integral = tuple(isinstance(req.df.schema[k].dataType, T.IntegralType) for k in req.keys)
-    params = dataclasses.replace(params, integral_keys=integral, extra_columns=tuple(extra))
+    params = dataclasses.replace(params, extra_columns=tuple(extra))
     cells = flow.partitioned_cells(rows, req.keys, req.lower, req.upper, req.resolution,
                                    list(extra.values()))
 
     def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
         return release_partition(batches, params)
 
-    released = cells.mapInPandas(fn, schema=_output_schema(req))
-    table = released.toArrow()
-    if key_df is None:
-        return table
-    listed = key_df.select(*req.keys, _key_hash(req.keys)).toArrow().to_pylist()
-    answered = {_match_key(row, req.keys) for row in table.select(list(req.keys)).to_pylist()}
-    missing = [row for row in listed if _match_key(row, req.keys) not in answered]
-    if not missing:
-        return table
-    columns = {k: [] for k in req.keys}
-    columns.update(quantile=[], value=[])
-    for row in missing:
-        empty = pd.DataFrame({**{k: pd.Series([row[k]], dtype=object) for k in req.keys},
-                              CELL: [-1], COUNT: [0], KEY_HASH: [row[KEY_HASH]]})
-        out = release_group(empty, params)
-        for k in req.keys:
-            columns[k] += [row[k]] * len(out)
-        columns["quantile"] += out["quantile"].tolist()
-        columns["value"] += out["value"].tolist()
-    extra = pa.table({name: pa.array(values, type=table.schema.field(name).type)
-                      for name, values in columns.items()})
-    return pa.concat_tables([table, extra.cast(table.schema)])
-
-
-def _match_key(record: dict, keys) -> tuple:
-    """A hashable, NaN-safe form of one key (Spark groups NaN with NaN, Python does not)."""
-    return tuple(("nan",) if isinstance(record[k], float) and record[k] != record[k] else record[k]
-                 for k in keys)
+    return cells.mapInPandas(fn, schema=_output_schema(req)).toArrow()
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
