@@ -178,7 +178,7 @@ def release_partition(batches, params: ReleaseParams):
         if len(pdf) == 0:
             continue
         if packed:  # key index and cell already packed into one int64 by Spark
-            chunks.append(pdf[CODE].to_numpy(dtype=np.int64))
+            chunks.append(np.asarray(pdf[CODE], dtype=np.int64))  # pandas or Arrow batch
             buffered += len(pdf)
             if buffered >= _COMPACT_ROWS:
                 acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)

@@ -240,7 +240,7 @@ def _key_hash(keys):
 
 
 def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
-    """Public keys: stream ``GID * resolution + cell`` codes through ``mapInPandas``.
+    """Public keys: stream ``GID * resolution + cell`` codes through ``mapInArrow``.
 
     One shuffle (by key index, no sort); Python folds each partition's codes into counts per
     distinct (group, cell). The UDF returns key indexes; the driver maps them back to the
@@ -255,10 +255,14 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
                            T.StructField("quantile", T.DoubleType(), False),
                            T.StructField("value", T.DoubleType(), False)])
 
-    def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
-        return release_partition(batches, params)
+    arrow_schema = pa.schema([(f.name, pa.float64() if f.name != GID else pa.int64())
+                              for f in schema.fields])
 
-    released = codes.mapInPandas(fn, schema=schema).toArrow()
+    def fn(batches):  # Arrow in and out: the single int64 column needs no pandas conversion
+        for frame in release_partition(batches, params):
+            yield pa.RecordBatch.from_pandas(frame, schema=arrow_schema, preserve_index=False)
+
+    released = codes.mapInArrow(fn, schema=schema).toArrow()
     gids = released.column(GID).to_numpy()
     quantile = [released.column("quantile")]
     value = [released.column("value")]
