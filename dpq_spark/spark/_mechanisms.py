@@ -10,11 +10,13 @@ mechanisms whose registered guarantee (``GUARANTEES``) is pure epsilon-DP are of
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 __all__ = ["available_mechanisms", "get_mechanism"]
 
 
+@functools.lru_cache(maxsize=1)  # the registry is fixed at import; looked up once per group
 def available_mechanisms() -> dict[str, Callable]:
     """Return the mechanisms that ``dp_quantiles`` accepts, by name."""
     from dpq_spark.core import joint_exp
@@ -35,7 +37,7 @@ def available_mechanisms() -> dict[str, Callable]:
 def get_mechanism(name, argument: str = "mechanism") -> Callable:
     """Return the mechanism called ``name``; raise ``ValueError`` naming ``argument`` if unknown."""
     known = available_mechanisms()
-    if not isinstance(name, str) or name not in known:
+    if not isinstance(name, str) or name not in known:  # (a copy is never handed out)
         allowed = ", ".join(repr(k) for k in sorted(known))
         raise ValueError(f"`{argument}` must be one of {allowed}, got {name!r}")
     return known[name]

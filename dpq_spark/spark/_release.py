@@ -16,7 +16,7 @@ from dpq_spark.core._random import resolve_rng
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "ReleaseParams", "cell_values", "release_group",
-           "release_counts", "release_partition", "CODE", "GID"]
+           "release_counts", "release_values", "release_partition", "CODE", "GID"]
 
 # Internal column names of the aggregated frame (the "__dpq_" prefix is reserved).
 CELL = "__dpq_cell"
@@ -108,11 +108,18 @@ def release_counts(keys: dict, cells: np.ndarray, counts: np.ndarray, units, key
     ``units`` is the group's count of privacy units for partition selection (``None``: one row
     is one unit, so it is ``counts.sum()``).
     """
+    values = release_values(cells, counts, units, key_hash, params)
+    return _frame(keys, params, np.empty(0) if values is None else values)
+
+
+def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
+                   params: ReleaseParams) -> np.ndarray | None:
+    """The released values of one group, or ``None`` when partition selection drops it."""
     rng = _group_rng(params, key_hash)
     if params.threshold is not None:
         size = float(counts.sum()) if units is None else float(units)
         if size + rng.laplace(0.0, params.noise_scale) < params.threshold:
-            return _frame(keys, params, np.empty(0))
+            return None
     mechanism = get_mechanism(params.mechanism)
     out = mechanism(
         cell_values(cells, params),
@@ -124,7 +131,7 @@ def release_counts(keys: dict, cells: np.ndarray, counts: np.ndarray, units, key
         counts=counts,
         rng=rng,
     )
-    return _frame(keys, params, np.asarray(out, dtype=np.float64))
+    return np.asarray(out, dtype=np.float64)
 
 
 _COMPACT_ROWS = 1 << 22  # raw (group, cell) codes buffered before they are merged into counts
@@ -219,18 +226,27 @@ def release_partition(batches, params: ReleaseParams):
     cells = acc_codes - group_of * res
     starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
     ends = np.r_[starts[1:], len(group_of)]
+    if packed:  # arrays only: no per-group pandas frame
+        m = len(params.quantiles)
+        q = np.asarray(params.quantiles, dtype=np.float64)
+        for lo in range(0, len(starts), _OUTPUT_GROUPS):
+            gids, values = [], []
+            for a, b in zip(starts[lo:lo + _OUTPUT_GROUPS], ends[lo:lo + _OUTPUT_GROUPS]):
+                gid = int(group_of[a])
+                key_hash = params.key_hashes[gid] if params.key_hashes is not None else 0
+                gids.append(gid)
+                values.append(release_values(cells[a:b], acc_counts[a:b], None, key_hash, params))
+            yield pd.DataFrame({GID: np.repeat(np.asarray(gids, dtype=np.int64), m),
+                                "quantile": np.tile(q, len(gids)),
+                                "value": np.concatenate(values)})
+        return
     done = []
     for a, b in zip(starts, ends):
         gid = int(group_of[a])
-        if packed:
-            group_keys, group_units = {GID: gid}, None
-            key_hash = params.key_hashes[gid] if params.key_hashes is not None else 0
-        else:
-            group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
-            group_units = int(units[gid]) if UNITS in params.extra_columns else None
-            key_hash = key_hashes[gid]
+        group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
+        group_units = int(units[gid]) if UNITS in params.extra_columns else None
         done.append(release_counts(group_keys, cells[a:b], acc_counts[a:b], group_units,
-                                   key_hash, params))
+                                   key_hashes[gid], params))
         if len(done) >= _OUTPUT_GROUPS:
             yield pd.concat(done, ignore_index=True)
             done = []
