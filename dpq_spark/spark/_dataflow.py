@@ -55,15 +55,17 @@ def clean_rows(req) -> DataFrame:
 
 
 def attach_key_index(rows: DataFrame, keys: tuple[str, ...], index_df: DataFrame,
-                     broadcast: bool) -> DataFrame:
-    """Inner join with the public key list (null-safe, so a listed null key matches): drops rows
-    of unlisted keys and adds ``GID``, the key's index in the driver's list."""
+                     broadcast: bool, null_safe: bool) -> DataFrame:
+    """Inner join with the public key list: drops rows of unlisted keys and adds ``GID``, the
+    key's index in the driver's list. ``null_safe`` (when a listed key holds a null) makes a
+    listed null match null; otherwise the plain equi-join is used, which is cheaper."""
     renamed = index_df.select(*[F.col(k).alias(f"__dpq_k{i}") for i, k in enumerate(keys)],
                               F.col(GID))
     if broadcast:
         renamed = F.broadcast(renamed)
+    pairs = [(F.col(k), F.col(f"__dpq_k{i}")) for i, k in enumerate(keys)]
     cond = reduce(lambda a, b: a & b,
-                  [F.col(k).eqNullSafe(F.col(f"__dpq_k{i}")) for i, k in enumerate(keys)])
+                  [left.eqNullSafe(right) if null_safe else left == right for left, right in pairs])
     joined = rows.join(renamed, on=cond, how="inner")
     return joined.drop(*[f"__dpq_k{i}" for i in range(len(keys))])
 

@@ -221,8 +221,9 @@ def _plan(req: QuantileRequest, key_table):
         schema = T.StructType([*_output_schema(req).fields[:len(req.keys)],
                                T.StructField(GID, T.LongType(), False)])
         index_df = req.df.sparkSession.createDataFrame(index, schema=schema)
-        rows = flow.attach_key_index(rows, req.keys, index_df,
-                                     broadcast=key_table.num_rows <= _BROADCAST_KEYS)
+        rows = flow.attach_key_index(
+            rows, req.keys, index_df, broadcast=key_table.num_rows <= _BROADCAST_KEYS,
+            null_safe=any(key_table.column(k).null_count for k in req.keys))
     if req.privacy_unit is not None:
         rows = flow.bound_contributions(rows, req.keys, r, g, row_seed, group_seed)
     return params, rows
