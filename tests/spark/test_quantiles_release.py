@@ -101,3 +101,18 @@ def test_new_key_released_with_probability_delta(groups):
     if groups > 1:  # power: the one-key threshold lets far more than delta through
         wrong = selection_threshold(eps / groups, delta, 1)
         assert np.mean(np.any(1 + noise >= wrong, axis=1)) > delta + 10 * se
+
+
+def test_packed_codes_are_counted_per_key_index(recorded):
+    """Public-key path: one int64 code = key index * resolution + cell per row."""
+    gen = np.random.default_rng(3)
+    gids = gen.integers(0, 7, 4000)
+    cells = gen.integers(0, 64, 4000)
+    codes = gids * 64 + cells
+    batches = [pd.DataFrame({_release.CODE: codes[i:i + 450]}) for i in range(0, 4000, 450)]
+    params = _params(keys=("g",), integral_keys=(True,), extra_columns=(_release.CODE,))
+    out = pd.concat(list(_release.release_partition(iter(batches), params)), ignore_index=True)
+    assert list(out.columns) == [_release.GID, "quantile", "value"]
+    expected = pd.Series(gids).value_counts().sort_index()
+    assert out[_release.GID].tolist() == expected.index.tolist()
+    assert out["value"].tolist() == expected.astype(float).tolist()
