@@ -122,12 +122,16 @@ def dp_quantiles(
     it to ``[lower, upper]`` and maps each value to one of ``resolution`` equal cells (built-in
     functions only). Ungrouped, it counts rows per cell (partial aggregation, at most
     ``resolution`` rows) and the mechanism runs on the driver. Grouped, rows are hash
-    partitioned by key (one shuffle); ``mapInPandas`` streams each partition and reduces it to
-    counts per distinct (group, cell) every few million rows, so Python never holds a group's
-    raw rows and a group costs at most ``resolution`` counts, however many rows it has. The mechanism sees cell
-    midpoints with counts. Rounding to midpoints moves every value by at most
+    partitioned by key (one shuffle, no sort); with public keys Spark packs the key's index and
+    the cell into one int64 and ``mapInArrow`` streams the codes, with partition selection
+    ``mapInPandas`` streams keys and cells. Either way Python folds each partition into counts
+    per distinct (group, cell) every few million rows, so it never holds a group's raw rows and
+    a group costs at most ``resolution`` counts however many rows it has. The mechanism sees
+    cell midpoints with counts. Rounding to midpoints moves every value by at most
     ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at most that much to
-    the error of every released quantile (about 4.8e-7 of the range at the default).
+    the error of every released quantile (about 4.8e-7 of the range at the default). The public
+    key list (``|groups|`` rows) is collected to the driver and joined (broadcast up to 200,000
+    keys); the release (``|groups| x len(quantiles)`` rows) is collected too.
 
     Privacy
     -------
