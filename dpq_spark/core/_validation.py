@@ -61,6 +61,10 @@ def check_bounds(lower, upper, names: tuple[str, str] = ("lower", "upper")) -> t
         raise ValueError(
             f"`{names[0]}` must be < `{names[1]}`, got {names[0]}={lower!r}, {names[1]}={upper!r}"
         )
+    if not math.isfinite(out[1] - out[0]):
+        raise ValueError(
+            f"`{names[1]} - {names[0]}` must be finite, got {names[0]}={lower!r}, {names[1]}={upper!r}"
+        )
     return out[0], out[1]
 
 

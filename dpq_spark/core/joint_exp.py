@@ -39,7 +39,6 @@ import math
 import numpy as np
 from scipy.special import gammaln
 
-from dpq_spark.core import _validation as v
 from dpq_spark.core._logscan import (
     logaddexp,
     segment_ends,
@@ -47,6 +46,7 @@ from dpq_spark.core._logscan import (
     segmented_logcumsumexp_reverse,
 )
 from dpq_spark.core._random import resolve_rng
+from dpq_spark.core._request import validate_request
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
 
 __all__ = ["joint_exp"]
@@ -126,17 +126,13 @@ def joint_exp(
     ...           rng=np.random.default_rng(1)).round(1)  # doctest: +SKIP
     array([-3.4,  0. ,  3.4])
     """
-    q = v.check_quantiles(quantiles)
-    eps = v.check_epsilon(epsilon)
-    a, b = v.check_bounds(lower, upper)
-    if not math.isfinite(b - a):
-        raise ValueError(f"`upper - lower` must be finite, got lower={lower!r}, upper={upper!r}")
-    relation = NeighboringRelation.parse(neighboring)
-    x = v.check_values(values)
-    c_arr = None if counts is None else v.check_counts(counts, x.shape[0])
+    request, x, c_arr = validate_request(
+        values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
+    )
     gen = resolve_rng(rng)
-    delta_u = joint_exp_sensitivity(q, relation)
-    return _sample(x, c_arr, q, eps / (2.0 * delta_u), a, b, gen)[0]
+    delta_u = joint_exp_sensitivity(request.quantiles, request.neighboring)
+    c = request.epsilon / (2.0 * delta_u)
+    return _sample(x, c_arr, request.quantiles, c, request.lower, request.upper, gen)[0]
 
 
 # --------------------------------------------------------------------------------------------
