@@ -126,6 +126,9 @@ def check_counts(counts, size: int, name: str = "counts") -> np.ndarray:
         raise TypeError(f"`{name}` must be an array-like of non-negative integers, got dtype {raw.dtype}")
     if np.any(c < 0):
         raise ValueError(f"`{name}` must be non-negative")
+    # Ranks are float64 in the samplers: exact only below 2**53 (9e15 rows).
+    if c.size and float(np.sum(c, dtype=np.float64)) > 2.0**53:
+        raise ValueError(f"`{name}` must sum to at most 2**53")
     return c
 
 
