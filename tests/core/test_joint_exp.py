@@ -55,7 +55,7 @@ def call(**overrides):
         (dict(counts=[1, 2]), ValueError, r"`counts` must be 1-d with the same length as `values`"),
         (dict(counts=[1, -2, 3]), ValueError, r"`counts` must be non-negative"),
         (dict(counts=[1.5, 2, 3]), ValueError, r"`counts` must hold whole numbers"),
-        (dict(counts=[2**52, 2**52, 1]), ValueError, r"`counts` must sum to at most 2\*\*53"),
+        (dict(counts=[2**53, 2, 1]), ValueError, r"`counts` must sum to at most 2\*\*53"),
         (dict(neighboring="replace"), ValueError, r"`neighboring` must be one of 'add_remove', 'swap'"),
     ],
 )
