@@ -21,6 +21,14 @@ name                  guarantee                    neighbouring        extra key
 a mechanism whose guarantee is not the one it promises its users (``epsilon`` means a different
 thing under zCDP). Smooth and CSmooth are swap-neighbour mechanisms in the paper; their smooth-sensitivity bound
 also holds for add/remove neighbours (see :mod:`dpq_spark.core.smooth_sensitivity`).
+
+``FLOAT_SAFE`` says whether a mechanism's releases are fixed functions of integers sampled
+exactly from uniform random bits (issue 9), so that its guarantee survives floating point
+(Mironov, CCS 2012): ``agg_tree`` adds exact discrete Laplace noise to integer counts. Smooth,
+CSmooth and AppIndExp, the ``(epsilon, delta)`` and zCDP baselines kept for the paper's
+experiments, add continuous float noise and are *not* float-safe: their guarantee holds for the
+real-number mechanism only, and a released float may be impossible under a neighbouring dataset.
+Use them for experiments, not for releases.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dpq_spark.core.ind_exp import app_ind_exp, ind_exp
 from dpq_spark.core.joint_exp import joint_exp
 from dpq_spark.core.smooth import csmooth, smooth
 
-__all__ = ["MECHANISMS", "GUARANTEES", "get_mechanism"]
+__all__ = ["MECHANISMS", "GUARANTEES", "FLOAT_SAFE", "get_mechanism"]
 
 MECHANISMS: dict[str, Callable] = {
     "joint_exp": joint_exp,
@@ -54,6 +62,21 @@ GUARANTEES: dict[str, str] = {
     "agg_tree": "pure",
     "approx_quantiles": "pure",
 }
+
+#: True when every released number is a fixed function of exactly sampled integers (no float
+#: noise or float uniform decides an output). joint_exp, ind_exp and approx_quantiles draw through
+#: the exponential-mechanism samplers of joint_exp.py / single_quantile.py: they become True with
+#: the public-grid part of issue 9, not in this module.
+FLOAT_SAFE: dict[str, bool] = {
+    "joint_exp": False,
+    "ind_exp": False,
+    "app_ind_exp": False,
+    "smooth": False,
+    "csmooth": False,
+    "agg_tree": True,
+    "approx_quantiles": False,
+}
+
 
 def get_mechanism(name: str) -> Callable:
     """Return the mechanism registered as ``name``.

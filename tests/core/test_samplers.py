@@ -183,3 +183,29 @@ def test_other_iv():
         S.dlap_scale(1, -1.0)
     with pytest.raises(ValueError, match="`sensitivity` must be finite and > 0, got 0"):
         S.dlap_scale(0, 1.0)
+
+
+# ------------------------------------------------------------------------------ buffered source
+def test_buffered_bytes_are_the_stream_in_order_and_never_repeated():
+    """Small reads are served from a buffer: the bytes are exactly the generator's stream, in
+    order (nothing skipped or served twice), and a large read bypasses the buffer."""
+    src = resolve_rng(np.random.default_rng(12))
+    got = b"".join(src.bytes(k) for k in [1, 7, 8, 100, 3, 393, 1, 511, 2])
+    reference = np.random.default_rng(12).bytes(512 * 3)
+    assert got[:512] == reference[:512]  # the first buffer, served piece by piece
+    assert len(got) == 1026 and got[512:512 + 511] == reference[512:1023]
+
+
+def test_a_forked_child_never_replays_the_parents_buffer():
+    import os
+
+    src = resolve_rng(None)
+    src.bytes(1)  # fill the buffer
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.write(write_end, src.bytes(32))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read_end, 32)
+    assert child != src.bytes(32)
