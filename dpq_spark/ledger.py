@@ -206,11 +206,9 @@ def sqlite_path(url: str) -> str:
     """The file of a ``sqlite:///ABS/PATH`` URL or of a plain path (made absolute)."""
     if url.startswith("sqlite:"):
         rest = url[len("sqlite:"):]
-        if rest.startswith("///"):
-            rest = rest[2:]
-        elif rest.startswith("//"):
+        if not rest.startswith("///"):
             raise LedgerError(f"ledger {url}: a SQLite URL is sqlite:///ABSOLUTE/PATH")
-        url = rest
+        url = "/" + rest.lstrip("/")
     return os.path.abspath(os.path.expanduser(url))
 
 

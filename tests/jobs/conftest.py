@@ -57,5 +57,5 @@ def pg_url(postgres) -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def ledger_url(request, tmp_path) -> str:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+        return f"sqlite://{tmp_path / 'ledger.sqlite'}"
     return request.getfixturevalue("pg_url")
