@@ -413,6 +413,11 @@ class Ledger:
         cancelled."""
         self._move(record_id, ("reserved",), "spent")
 
+    def record_output(self, record_id: int, path: str) -> None:
+        """Record where a ``spent`` release is being written (a temporary path, before
+        :meth:`commit`), so that a run that dies while writing leaves a findable trace."""
+        self._move(record_id, ("spent",), "spent", output=path)
+
     def commit(self, record_id: int, output: str) -> None:
         """Turn a spent reservation into a committed release written to ``output``."""
         self._move(record_id, ("spent",), "committed", output=output)
