@@ -655,7 +655,7 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
 def _configure_logging(level: str) -> None:
     root = logging.getLogger()
     if not root.handlers:  # an application (the job) may add a handler; the library never does
-        logging.basicConfig(level=level.upper(), stream=sys.stderr,
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("dpq_spark").setLevel(level.upper())
 
