@@ -188,7 +188,7 @@ def read_input(spark: "SparkSession", inp: InputConfig,
     ConfigError
         If ``input.column``, a group column or the privacy-unit column is not in the input.
     """
-    from pyspark.sql import functions as F
+    from dpq_spark.spark._compat import try_cast
 
     if inp.format == "table":
         df = spark.table(inp.table)
@@ -204,13 +204,13 @@ def read_input(spark: "SparkSession", inp: InputConfig,
             raise ConfigError(f"`{key}` names column {name!r}, which is not in the input; "
                               f"columns are {df.columns}")
     unit = [privacy_unit] if privacy_unit is not None else []
-    return df.select(*inp.group_by, *unit, F.col(inp.column).try_cast("double").alias(inp.column))
+    return df.select(*inp.group_by, *unit, try_cast(inp.column, "double").alias(inp.column))
 
 
 def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFrame",
               group_by: tuple[str, ...]) -> "DataFrame | None":
     """The public group keys as a DataFrame with the input's group column types."""
-    from pyspark.sql import functions as F
+    from dpq_spark.spark._compat import try_cast
 
     if groups is None:
         return None
@@ -227,7 +227,7 @@ def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFra
         raise ConfigError(f"the public keys lack the group column(s) {missing}; "
                           f"their columns are {keys.columns}")
     types = {f.name: f.dataType for f in data.schema.fields}
-    return keys.select(*[F.col(c).try_cast(types[c]).alias(c) for c in group_by]).distinct()
+    return keys.select(*[try_cast(c, types[c]).alias(c) for c in group_by]).distinct()
 
 
 # ---------------------------------------------------------------------------------------------
