@@ -277,8 +277,9 @@ def read_input(spark: "SparkSession", inp: InputConfig,
         If ``input.column``, a group column or the privacy-unit column is not in the input, or
         ``input.column`` is not numeric.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
+
+    from dpq_spark.spark._compat import try_cast
 
     if inp.format == "table":
         df = spark.table(inp.table)
@@ -300,7 +301,7 @@ def read_input(spark: "SparkSession", inp: InputConfig,
                           "input; the release needs a numeric column (cast it in a view or "
                           "table first)")
     unit = [privacy_unit] if privacy_unit is not None else []
-    return df.select(*inp.group_by, *unit, F.col(inp.column).try_cast("double").alias(inp.column))
+    return df.select(*inp.group_by, *unit, try_cast(inp.column, "double").alias(inp.column))
 
 
 def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFrame",
@@ -310,7 +311,7 @@ def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFra
     The keys are public, so the job may look at them: an empty key set (e.g. a key file with a
     header and no rows) is refused before any budget is reserved.
     """
-    from pyspark.sql import functions as F
+    from dpq_spark.spark._compat import try_cast
 
     if groups is None:
         return None
@@ -327,7 +328,7 @@ def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFra
         raise ConfigError(f"the public keys lack the group column(s) {missing}; "
                           f"their columns are {keys.columns}")
     types = {f.name: f.dataType for f in data.schema.fields}
-    keys = keys.select(*[F.col(c).try_cast(types[c]).alias(c) for c in group_by]).distinct()
+    keys = keys.select(*[try_cast(c, types[c]).alias(c) for c in group_by]).distinct()
     if not keys.take(1):
         where = ("`groups.path` " + repr(groups.path) if groups.path is not None
                  else f"`groups.table` {groups.table!r}")
