@@ -192,6 +192,5 @@ def resolve_rng(rng: "RandomSource | np.random.Generator | None") -> RandomSourc
     if isinstance(rng, np.random.Generator):
         return RandomSource(rng.bytes, cryptographic=False, name="numpy.random.Generator")
     raise TypeError(
-        f"`rng` must be a numpy.random.Generator or None, got {type(rng).__name__} "
-        "(a RandomSource is accepted too)"
+        f"`rng` must be a numpy.random.Generator, a RandomSource or None, got {type(rng).__name__}"
     )
