@@ -21,6 +21,7 @@ which public candidate databases are generated, for instance) may come from
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -44,13 +45,18 @@ class RandomSource:
         Short description for logs (never a seed).
     """
 
-    __slots__ = ("_read", "cryptographic", "name", "_legacy", "_buffer", "_pos", "_pid")
+    __slots__ = ("_read", "cryptographic", "name", "_legacy", "_buffer", "_pos", "_pool",
+                 "_pool_bits", "__weakref__")
 
     #: Small reads are served from a buffer of this many bytes, refilled from ``read_bytes``: one
     #: system call (or one numpy call) per 512 bytes instead of one per draw. Buffered bytes are
-    #: never served twice, and the buffer is dropped in a forked child (PySpark forks its Python
-    #: workers), so a child never replays its parent's bytes.
+    #: never served twice, and every live source drops its buffer in a forked child
+    #: (``os.register_at_fork``; PySpark forks its Python workers), so a child never replays its
+    #: parent's bytes.
     BUFFER_BYTES = 512
+    #: :meth:`bits` serves small requests from a pool of this many bits taken from the buffer
+    #: (each bit used once; leftover bits are discarded at a refill, never reused).
+    POOL_BITS = 512
 
     def __init__(self, read_bytes: Callable[[int], bytes], *, cryptographic: bool, name: str):
         self._read = read_bytes
@@ -59,7 +65,13 @@ class RandomSource:
         self._legacy = None
         self._buffer = b""
         self._pos = 0
-        self._pid = os.getpid()
+        self._pool = 0
+        self._pool_bits = 0
+        _LIVE_SOURCES.add(self)
+
+    def _forget(self) -> None:
+        """Drop the buffered bytes and bits (called in a forked child: never replay the parent's)."""
+        self._buffer, self._pos, self._pool, self._pool_bits = b"", 0, 0, 0
 
     def __getattr__(self, attr):
         # TRANSITIONAL (issue 9): lets call sites not yet moved to exact integer sampling keep
@@ -80,9 +92,6 @@ class RandomSource:
             return b""
         if k >= self.BUFFER_BYTES:
             return self._read(k)
-        pid = os.getpid()
-        if pid != self._pid:  # forked: never reuse the parent's buffered bytes
-            self._buffer, self._pos, self._pid = b"", 0, pid
         end = self._pos + k
         if end > len(self._buffer):
             self._buffer, self._pos, end = self._read(self.BUFFER_BYTES), 0, k
@@ -98,8 +107,16 @@ class RandomSource:
         """A uniform integer in ``[0, 2**k)`` (Python int, any ``k >= 0``)."""
         if k <= 0:
             return 0
-        raw = int.from_bytes(self.bytes((k + 7) // 8), "little")
-        return raw & ((1 << k) - 1)
+        if k > self.POOL_BITS:
+            raw = int.from_bytes(self.bytes((k + 7) // 8), "little")
+            return raw & ((1 << k) - 1)
+        if self._pool_bits < k:
+            self._pool = int.from_bytes(self.bytes(self.POOL_BITS // 8), "little")
+            self._pool_bits = self.POOL_BITS
+        out = self._pool & ((1 << k) - 1)
+        self._pool >>= k
+        self._pool_bits -= k
+        return out
 
     def below(self, bound: int) -> int:
         """A uniform integer in ``[0, bound)``, exactly, for any integer ``bound >= 1``.
@@ -113,8 +130,19 @@ class RandomSource:
         if bound == 1:
             return 0
         k = (bound - 1).bit_length()
-        while True:
-            r = self.bits(k)
+        if k > self.POOL_BITS:
+            while True:
+                r = self.bits(k)
+                if r < bound:
+                    return r
+        mask = (1 << k) - 1
+        while True:  # bits(k), inlined: this is the samplers' inner loop
+            if self._pool_bits < k:
+                self._pool = int.from_bytes(self.bytes(self.POOL_BITS // 8), "little")
+                self._pool_bits = self.POOL_BITS
+            r = self._pool & mask
+            self._pool >>= k
+            self._pool_bits -= k
             if r < bound:
                 return r
 
@@ -155,6 +183,20 @@ class RandomSource:
     def seed63(self) -> int:
         """A uniform integer in ``[0, 2**63)``, e.g. a seed handed to Spark's ``rand``/``xxhash64``."""
         return self.bits(63)
+
+
+# Every live source, so that a forked child (PySpark forks its Python workers) drops the buffers
+# it inherited instead of serving the parent's random bytes a second time.
+_LIVE_SOURCES: "weakref.WeakSet[RandomSource]" = weakref.WeakSet()
+
+
+def _forget_all_buffers() -> None:
+    for source in list(_LIVE_SOURCES):
+        source._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_buffers)
 
 
 def _bit_length(v: np.ndarray) -> np.ndarray:

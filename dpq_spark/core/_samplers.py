@@ -62,6 +62,8 @@ def as_fraction(value, name: str = "scale") -> Fraction:
     A float is converted exactly (its binary value, e.g. ``0.1`` becomes
     ``3602879701896397/36028797018963968``), never rounded to a nearby decimal.
     """
+    if type(value) is Fraction and value > 0:  # the hot path of the scalar samplers
+        return value
     if isinstance(value, bool):
         raise TypeError(f"`{name}` must be a positive rational or float, got {value!r}")
     if isinstance(value, Rational):

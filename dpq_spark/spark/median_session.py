@@ -152,7 +152,8 @@ class MedianMechanismSession:
         Passed to :class:`~dpq_spark.core.MedianMechanism` (``prior`` is a weight per domain
         point, in the order of :attr:`domain_points`).
     rng : numpy.random.Generator or None, optional
-        Source of randomness; ``None`` draws fresh OS entropy.
+        Source of randomness; ``None`` (production) is the OS cryptographic generator. A seeded
+        generator is for tests only.
 
     Raises
     ------
@@ -175,7 +176,9 @@ class MedianMechanismSession:
     ``neighboring`` with one row of ``df`` as the unit of privacy; see
     :class:`~dpq_spark.core.MedianMechanism` for the accounting (NumericSparse, Dwork and Roth
     Theorem 3.27). The domain, the bins and the candidates must not be chosen by looking at the
-    data. Under swap the row count ``n`` is treated as public.
+    data. Under swap the row count ``n`` is treated as public. All noise is discrete Laplace on
+    integer counts, sampled exactly on the driver (scales rounded up, so the epsilon achieved is
+    at most ``epsilon``); hard answers are fixed functions of the noisy integers.
 
     Examples
     --------
@@ -453,7 +456,7 @@ class MedianMechanismSession:
         return self.mechanism.halted
 
     @property
-    def n(self) -> float:
+    def n(self) -> int:
         """The public row count (exact under swap, the released noisy count under add/remove)."""
         return self.mechanism.n
 

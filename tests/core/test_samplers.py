@@ -200,12 +200,14 @@ def test_a_forked_child_never_replays_the_parents_buffer():
     import os
 
     src = resolve_rng(None)
-    src.bytes(1)  # fill the buffer
+    src.bytes(1)  # fill the byte buffer
+    src.bits(3)  # fill the bit pool
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
-        os.write(write_end, src.bytes(32))
+        os.write(write_end, src.bytes(32) + src.bits(256).to_bytes(32, "little"))
         os._exit(0)
     os.waitpid(pid, 0)
-    child = os.read(read_end, 32)
-    assert child != src.bytes(32)
+    child = os.read(read_end, 64)
+    parent = src.bytes(32) + src.bits(256).to_bytes(32, "little")
+    assert child[:32] != parent[:32] and child[32:] != parent[32:]
