@@ -174,7 +174,9 @@ def _deferred_signals() -> Iterator[None]:
 
 
 def _get_session(properties_file: str | None) -> "tuple[SparkSession, bool]":
-    """The active session, or a plain ``getOrCreate()``; and whether the job started it.
+    """The active session, or a plain ``getOrCreate()``; and whether the job started its JVM
+    (then the job stops the session on every exit path; a session owned by spark-submit,
+    Spark Connect or Databricks is never stopped).
 
     Under spark-submit (or on Databricks) the master and settings come from there. Only when the
     job starts its own JVM (``python jobs/dp_quantiles.py``) does it pass ``job.spark_properties``
@@ -187,8 +189,11 @@ def _get_session(properties_file: str | None) -> "tuple[SparkSession, bool]":
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
-    launched_by_spark = "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_REMOTE" in os.environ
-    if not launched_by_spark and "PYSPARK_SUBMIT_ARGS" not in os.environ:
+    launched_by_spark = any(v in os.environ for v in (
+        "PYSPARK_GATEWAY_PORT", "SPARK_REMOTE", "DATABRICKS_RUNTIME_VERSION"))
+    if launched_by_spark:  # spark-submit, Connect or Databricks own the session: never stop it
+        return SparkSession.builder.getOrCreate(), False
+    if "PYSPARK_SUBMIT_ARGS" not in os.environ:
         args = []
         if not _names_master(properties_file) and "MASTER" not in os.environ:
             args += ["--master", "local[*]"]

@@ -127,3 +127,16 @@ def test_ledger_show_on_a_corrupt_or_missing_file(tmp_path, capsys):
 def test_run_dispatches_to_the_job(tmp_path, caplog):
     assert main(["run", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "configuration error: config file" in caplog.text
+
+
+def test_job_errors_are_printed_once(tmp_path):
+    """A failing job reports its error exactly once on stderr (it used to be logged and printed)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "dpq_spark.cli", "run", "--config",
+                             str(tmp_path / "missing.toml")], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("does not exist") == 1, result.stderr
+    assert "Traceback" not in result.stderr
