@@ -27,6 +27,24 @@ SPARK_CONF = {
 }
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.spark4`` tests (Spark Connect) are skipped, with the reason, on pyspark 3.5."""
+    marked = [item for item in items if item.get_closest_marker("spark4")]
+    if not marked:
+        return
+    try:
+        from dpq_spark.spark._compat import SPARK_VERSION
+    except ImportError:  # no pyspark: those tests skip themselves
+        return
+    if SPARK_VERSION >= (4, 0):
+        return
+    version = ".".join(map(str, SPARK_VERSION))
+    reason = (f"needs pyspark 4.x, found {version}: on pyspark 3.5 dpq_spark supports and tests "
+              f"classic sessions only (Spark Connect is tested on 4.x)")
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture(scope="session")
 def spark():
     """Session-scoped local[2] SparkSession (reuses the active one if present)."""

@@ -70,6 +70,7 @@ def _env(connect: bool = False):
 
 
 @pytest.mark.slow
+@pytest.mark.spark4
 def test_spark_connect_session_gives_the_same_release(spark, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
