@@ -291,6 +291,75 @@ def test_mid_rank_utility_sensitivity_is_delta(q, relation):
     assert worst > 0.9 * delta
 
 
+def pruning_case(eps):
+    x = np.random.default_rng(8).normal(0.0, 5.0, 3000)
+    x[:600] = np.round(x[:600], 1)  # tie blocks too: point cells of one grid point
+    q = np.arange(1, 6) / 6
+    c = c_of(q, eps)
+    grid = Grid(-100.0, 100.0)
+    cells = J._grid_cells(grid.snap(x), None, grid.size)
+    return cells, q, c, grid.size
+
+
+def log_normaliser(cells, q, c, lo, hi):
+    start, width, log_width, pos, n = cells
+    fw = J._Forward(width, log_width, pos, n, q, c, lo, hi)
+    fw.run()
+    band = fw._band(q.size)
+    return np.logaddexp.reduce(fw.S_last - c * np.abs(n - pos[band] - fw.targets[-1]) + fw.nu[-1])
+
+
+@pytest.mark.parametrize("eps, lower_bound", [(1.0, "boxes"), (0.2, "boxes"), (1.0, "reference")])
+def test_band_pruning_keeps_the_normaliser(eps, lower_bound, monkeypatch):
+    # With pruning on, the forward pass must reach the same log normaliser as with full bands,
+    # whichever lower bound of the normaliser sets the bands.
+    if lower_bound == "reference":
+        monkeypatch.setattr(J, "_box_lower_bound", lambda *args: None)
+    cells, q, c, size = pruning_case(eps)
+    start, width, log_width, pos, n = cells
+    lo, hi = J._bands(start, width, log_width, pos, n, q, c, size)
+    assert (hi - lo).max() < pos.size // 2, "the test needs a case where pruning happens"
+    full = log_normaliser(cells, q, c, np.zeros_like(lo), np.full_like(hi, pos.size))
+    assert abs(log_normaliser(cells, q, c, lo, hi) - full) <= 1e-12 * abs(full)
+
+
+def test_band_pruning_with_a_wrong_bound_is_caught(monkeypatch):
+    # Power of the test above: bands cut by a bound 200 nats too optimistic lose mass.
+    monkeypatch.setattr(J, "_LOG_BAND_TOL", J._LOG_BAND_TOL - 200.0)
+    cells, q, c, size = pruning_case(1.0)
+    start, width, log_width, pos, n = cells
+    lo, hi = J._bands(start, width, log_width, pos, n, q, c, size)
+    full = log_normaliser(cells, q, c, np.zeros_like(lo), np.full_like(hi, pos.size))
+    assert abs(log_normaliser(cells, q, c, lo, hi) - full) > 1e-9 * abs(full)
+
+
+def truncation_case():
+    # Large tie blocks (cells of one grid point, where the factorial no longer helps) and wide gaps.
+    x = np.repeat([1.0, 2.0, 2.5, 4.0], [40, 300, 5, 100])
+    q = np.arange(1, 31) / 31
+    c = c_of(q, 1.0)
+    grid = Grid(0.0, 5.0, 0.01)
+    cells = J._grid_cells(grid.snap(x), None, grid.size)
+    lo, hi = J._bands(*cells, q, c, grid.size)
+    return cells, q, c, lo, hi
+
+
+def test_run_truncation_matches_all_runs(monkeypatch):
+    # The run sums stop at 2**-72 of the sum; with no truncation the normaliser is the same.
+    cells, q, c, lo, hi = truncation_case()
+    pruned = log_normaliser(cells, q, c, lo, hi)
+    monkeypatch.setattr(J, "_LOG_RUN_TOL", math.inf)
+    assert abs(pruned - log_normaliser(cells, q, c, lo, hi)) <= 1e-12 * abs(pruned)
+
+
+def test_run_truncation_with_a_wrong_tail_bound_is_caught(monkeypatch):
+    # Power of the test above: stopping at e**-5 of the sum loses visible mass.
+    cells, q, c, lo, hi = truncation_case()
+    full = log_normaliser(cells, q, c, lo, hi)
+    monkeypatch.setattr(J, "_LOG_RUN_TOL", 5.0)
+    assert abs(log_normaliser(cells, q, c, lo, hi) - full) > 1e-6 * abs(full)
+
+
 def test_kernel_sums_match_direct_sums():
     rng = np.random.default_rng(9)
     src_pos = np.sort(rng.choice(5000, 400, replace=False)).astype(float)
