@@ -6,6 +6,7 @@ import importlib
 import itertools
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -426,3 +427,45 @@ def test_degenerate_data(values, counts, eps):
         out = joint_exp(values, q, epsilon=eps, lower=-100.0, upper=100.0, counts=counts, rng=np.random.default_rng(1))
     assert np.all(np.isfinite(out)) and np.all(np.diff(out) >= 0)
     assert out.min() >= -100.0 and out.max() <= 100.0
+
+
+# ------------------------------------------------------------------------------- accuracy
+
+
+def ratings():
+    import csv
+
+    out = []
+    with open(Path(__file__).resolve().parents[2] / "data" / "goodreads_books.csv", newline="",
+              encoding="utf-8") as fh:
+        for row in csv.reader(fh):
+            if len(row) != 12 or row[3] == "average_rating":  # the four malformed rows, the header
+                continue
+            out.append(float(row[3]))
+    return np.array(out)
+
+
+def mean_abs_error(x, lower, upper, reps, seed, granularity=None):
+    q = np.arange(1, 10) / 10
+    true = np.quantile(x, q, method="lower")
+    rng = np.random.default_rng(seed)
+    return np.mean([np.abs(joint_exp(x, q, epsilon=1.0, lower=lower, upper=upper, granularity=granularity,
+                                     rng=rng) - true).mean() for _ in range(reps)])
+
+
+def test_deciles_of_tied_ratings_land_on_the_ties():
+    # Goodreads average_rating (11,123 values, 209 distinct), deciles at eps = 1, 30 repetitions.
+    # Before the grid: 0.0051 (continuous outputs strictly between tie blocks). Measured now:
+    # 0.0037 (default granularity) and 0.0034 (granularity 0.01).
+    x = ratings()
+    assert x.size == 11_123
+    assert mean_abs_error(x, 0.0, 5.0, 30, seed=0) < 0.0045
+    assert mean_abs_error(x, 0.0, 5.0, 30, seed=0, granularity=0.01) < 0.0042
+
+
+def test_continuous_data_keeps_its_accuracy():
+    # 1,000 N(0, 5) values, bounds ±100, deciles, eps = 1, 30 datasets: 0.082 measured (0.089 in
+    # issue 12 before the grid; the next best tool measured 0.263).
+    gen = np.random.default_rng(5)
+    errs = [mean_abs_error(gen.normal(0.0, 5.0, 1000), -100.0, 100.0, 1, seed=s) for s in range(30)]
+    assert np.mean(errs) < 0.11
