@@ -20,6 +20,7 @@ __all__ = [
     "check_values",
     "check_counts",
     "check_positive_int",
+    "check_grid_indices",
 ]
 
 
@@ -139,3 +140,22 @@ def check_positive_int(value, name: str, minimum: int = 1) -> int:
     if int(value) < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value!r}")
     return int(value)
+
+
+def check_grid_indices(k, size: int, name: str = "k") -> np.ndarray:
+    """Return private grid indices as a 1-d int64 array, each an integer in ``[0, size)``. The
+    message never echoes the data."""
+    try:
+        raw = np.asarray(k)
+    except (TypeError, ValueError):
+        raise TypeError(f"`{name}` must be an array-like of integers") from None
+    if raw.ndim == 0:
+        raw = raw.reshape(1)
+    if raw.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-d, got {raw.ndim} dimensions")
+    if raw.dtype.kind not in "iu" and raw.size:
+        raise TypeError(f"`{name}` must hold integers, got dtype {raw.dtype}")
+    idx = raw.astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        raise ValueError(f"`{name}` must lie in [0, grid_size) = [0, {size})")
+    return idx

@@ -18,7 +18,8 @@ from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._request import validate_request
 from dpq_spark.core._sorted_data import SortedData, sort_data
 from dpq_spark.core.privacy import NeighboringRelation, single_quantile_sensitivity
-from dpq_spark.core.single_quantile import sample_quantile
+from dpq_spark.core.grid import Grid
+from dpq_spark.core.single_quantile import sample_grid_index
 
 __all__ = ["approx_quantiles", "recursion_depth"]
 
@@ -46,6 +47,7 @@ def approx_quantiles(
     upper: float,
     neighboring: str | NeighboringRelation = "add_remove",
     counts=None,
+    granularity: float | None = None,
     rng: np.random.Generator | None = None,
 ) -> np.ndarray:
     """Estimate m quantiles by recursive splitting (Kaplan, Schnapp and Stemmer 2022).
@@ -64,6 +66,9 @@ def approx_quantiles(
         Which datasets are neighbours.
     counts : array_like of int, optional
         Multiplicity of each entry of ``values`` (exactly ``np.repeat(values, counts)``).
+    granularity : float, optional
+        Step of the public output grid; default ``(upper - lower) / 2**32`` (see
+        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step).
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -81,10 +86,12 @@ def approx_quantiles(
 
     Notes
     -----
-    The middle quantile of a sub-problem is index ``len // 2`` of its quantile list; the left
-    sub-problem takes the points ``< v`` and the range ``[a, v]``, the right one the points
-    ``>= v`` and ``[v, b]``. Each draw is :func:`dpq_spark.core.single_quantile.sample_quantile` on
-    the sub-problem's own points and rescaled quantile. Time O(n log n + n log m).
+    Everything runs on the indices of one public grid: the data are snapped to it, a sub-problem
+    is a range of grid indices ``[a, b]``, and its middle quantile (index ``len // 2`` of its
+    quantile list) is a grid index v drawn by
+    :func:`dpq_spark.core.single_quantile.sample_grid_index` on the sub-problem's own points and
+    rescaled quantile. The left sub-problem takes the points ``< v`` and the range ``[a, v]``, the
+    right one the points ``>= v`` and ``[v, b]``. The outputs are the grid values of the indices. Time O(n log n + n log m).
 
     Privacy
     -------
@@ -96,8 +103,10 @@ def approx_quantiles(
     used. Swap: at the top level n is fixed and the sensitivity is 1; deeper, a swapped row may
     leave one sub-problem and join another, an add/remove change in each, so each sub-problem
     uses twice its add/remove sensitivity and the two changes together cost at most
-    ``epsilon / L``. Assumes ``lower``, ``upper`` and ``quantiles`` are chosen without looking at
-    the data.
+    ``epsilon / L``. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are chosen
+    without looking at the data. As implemented (float64 weights, exact draws), each draw adds
+    the ``eta`` and ``delta`` of :mod:`dpq_spark.core.joint_exp` for m = 1: ``(epsilon + L eta,
+    L delta)``-DP overall.
 
     Examples
     --------
@@ -110,24 +119,25 @@ def approx_quantiles(
     request, x, c = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    gen = resolve_rng(rng)
-    data = sort_data(x, c, request.lower, request.upper)
+    grid = Grid(request.lower, request.upper, granularity)
+    source = resolve_rng(rng)
+    data = sort_data(grid.snap(x), c, 0, grid.steps)
     eps_level = request.epsilon / recursion_depth(request.m)
-    out = np.empty(request.m)
-    # Work list of sub-problems: (data, lower, upper, rescaled quantiles, output positions, top?).
-    stack: list[tuple[SortedData, float, float, np.ndarray, np.ndarray, bool]] = [
-        (data, request.lower, request.upper, request.quantiles, np.arange(request.m), True)
+    out = np.empty(request.m, dtype=np.int64)
+    # Work list of sub-problems: (data, first, last grid index, rescaled quantiles, output slots, top?).
+    stack: list[tuple[SortedData, int, int, np.ndarray, np.ndarray, bool]] = [
+        (data, 0, grid.steps, request.quantiles, np.arange(request.m), True)
     ]
     while stack:
         sub, lo, hi, qs, slots, top = stack.pop()
         mid = qs.size // 2
         q_star = float(qs[mid])
         delta_u = _sensitivity(q_star, request.neighboring, top)
-        v = sample_quantile(sub, lo, hi, q_star, eps_level, delta_u, gen)
+        v = sample_grid_index(sub, lo, hi, q_star, eps_level, delta_u, source)
         out[slots[mid]] = v
         if mid > 0:
             stack.append((sub.restrict(lo, v, include_hi=False), lo, v, qs[:mid] / q_star, slots[:mid], False))
         if mid + 1 < qs.size:
             right_q = (qs[mid + 1 :] - q_star) / (1.0 - q_star)
             stack.append((sub.restrict(v, hi, include_hi=True), v, hi, right_q, slots[mid + 1 :], False))
-    return np.sort(out)
+    return grid.value(np.sort(out))

@@ -15,18 +15,21 @@ from dpq_spark.core._sorted_data import sort_data
 from dpq_spark.core._validation import check_delta
 from dpq_spark.core.composition import app_ind_exp_epsilon
 from dpq_spark.core.privacy import NeighboringRelation, single_quantile_sensitivity
-from dpq_spark.core.single_quantile import Intervals
+from dpq_spark.core.grid import Grid
+from dpq_spark.core.single_quantile import GridCells
 
 __all__ = ["ind_exp", "app_ind_exp"]
 
 
-def _independent(request: QuantileRequest, x, c, eps_each: float, rng) -> np.ndarray:
-    intervals = Intervals.of(sort_data(x, c, request.lower, request.upper), request.lower, request.upper)
+def _independent(request: QuantileRequest, x, c, eps_each: float, rng, granularity) -> np.ndarray:
+    grid = Grid(request.lower, request.upper, granularity)
+    source = resolve_rng(rng)
+    cells = GridCells.of(sort_data(grid.snap(x), c, 0, grid.steps), 0, grid.size)
     out = [
-        intervals.sample(float(q), eps_each, single_quantile_sensitivity(float(q), request.neighboring), rng)
+        cells.sample(float(q), eps_each, single_quantile_sensitivity(float(q), request.neighboring), source)
         for q in request.quantiles
     ]
-    return np.sort(np.array(out))
+    return grid.value(np.sort(np.array(out, dtype=np.int64)))
 
 
 def ind_exp(
@@ -38,6 +41,7 @@ def ind_exp(
     upper: float,
     neighboring: str | NeighboringRelation = "add_remove",
     counts=None,
+    granularity: float | None = None,
     rng: np.random.Generator | None = None,
 ) -> np.ndarray:
     """Estimate m quantiles with m independent exponential mechanisms, ``epsilon / m`` each.
@@ -57,6 +61,9 @@ def ind_exp(
     counts : array_like of int, optional
         Multiplicity of each entry of ``values``: the same distribution as
         ``np.repeat(values, counts)``, computed without expanding.
+    granularity : float, optional
+        Step of the public output grid; default ``(upper - lower) / 2**32`` (see
+        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step).
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -74,8 +81,8 @@ def ind_exp(
 
     Notes
     -----
-    Quantile ``q`` is drawn from the density proportional to
-    ``exp(-(epsilon / m) |#{x < o} - q n| / (2 Delta_q))`` on ``[lower, upper]`` with
+    Quantile ``q`` is the grid point k drawn with probability proportional to
+    ``exp(-(epsilon / m) |rho(k) - q n| / (2 Delta_q))`` (``rho`` the mid-rank) with
     ``Delta_q = 1`` (swap) or ``max(q, 1 - q)`` (add/remove) (Smith 2011); see
     :mod:`dpq_spark.core.single_quantile`. Time O(n log n + m n).
 
@@ -83,8 +90,10 @@ def ind_exp(
     -------
     ``epsilon``-differential privacy (pure), by basic composition of m ``epsilon/m``-DP
     mechanisms, for the chosen neighbouring relation; one row (one unit of multiplicity) is the
-    unit of privacy. Assumes ``lower``, ``upper`` and ``quantiles`` are chosen without looking at
-    the data.
+    unit of privacy. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are chosen
+    without looking at the data. As implemented (float64 weights, exact draws): each draw is
+    ``(epsilon / m + eta, delta)``-DP with ``eta``, ``delta`` of :mod:`dpq_spark.core.joint_exp`
+    for m = 1, so the whole is ``(epsilon + m eta, m delta)``-DP.
 
     Examples
     --------
@@ -97,8 +106,7 @@ def ind_exp(
     request, x, c = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    gen = resolve_rng(rng)
-    return _independent(request, x, c, request.epsilon / request.m, gen)
+    return _independent(request, x, c, request.epsilon / request.m, rng, granularity)
 
 
 def app_ind_exp(
@@ -110,6 +118,7 @@ def app_ind_exp(
     upper: float,
     neighboring: str | NeighboringRelation = "add_remove",
     counts=None,
+    granularity: float | None = None,
     rng: np.random.Generator | None = None,
     delta: float = 1e-6,
 ) -> np.ndarray:
@@ -123,7 +132,7 @@ def app_ind_exp(
 
     Parameters
     ----------
-    values, quantiles, epsilon, lower, upper, neighboring, counts, rng
+    values, quantiles, epsilon, lower, upper, neighboring, counts, granularity, rng
         As in :func:`ind_exp`.
     delta : float, default 1e-6
         The overall delta, in (0, 1).
@@ -165,6 +174,5 @@ def app_ind_exp(
     request, x, c = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    gen = resolve_rng(rng)
     eps0 = app_ind_exp_epsilon(request.epsilon, dlt, request.m)
-    return _independent(request, x, c, eps0, gen)
+    return _independent(request, x, c, eps0, rng, granularity)

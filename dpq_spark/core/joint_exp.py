@@ -47,9 +47,17 @@ from dpq_spark.core._logscan import (
 )
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._request import validate_request
+from dpq_spark.core._validation import (
+    check_counts,
+    check_epsilon,
+    check_grid_indices,
+    check_positive_int,
+    check_quantiles,
+)
+from dpq_spark.core.grid import MAX_GRID_STEPS, Grid, draw_index, uniform_multiset
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
 
-__all__ = ["joint_exp"]
+__all__ = ["joint_exp", "joint_exp_indices"]
 
 _LOG_RUN_TOL = 72 * math.log(2.0)  # run-sum truncation: remaining terms < 2**-72 of the sum
 _LOG_BAND_TOL = 60 * math.log(2.0)  # band pruning: pruned mass < 2**-60 of the normaliser
@@ -64,6 +72,7 @@ def joint_exp(
     upper: float,
     neighboring: str | NeighboringRelation = "add_remove",
     counts=None,
+    granularity: float | None = None,
     rng: np.random.Generator | None = None,
 ) -> np.ndarray:
     """Release m quantiles of ``values`` with one draw of the JointExp exponential mechanism.
@@ -72,7 +81,7 @@ def joint_exp(
     ----------
     values : array_like of float
         The private data, in any order. Values outside ``[lower, upper]`` (also ±inf) are clamped
-        to the bounds. NaN is an error. Empty data is allowed.
+        to the bounds, then snapped to the public grid. NaN is an error. Empty data is allowed.
     quantiles : array_like of float
         Strictly increasing, each in (0, 1). Their number m may exceed ``len(values)``.
     epsilon : float
@@ -86,13 +95,19 @@ def joint_exp(
         Non-negative integer multiplicities of ``values``. The result has exactly the
         distribution of ``joint_exp(np.repeat(values, counts), ...)``, at a cost that grows with
         ``len(values)``, not with ``sum(counts)``.
+    granularity : float, optional
+        Step g of the public output grid ``lower + k g`` (:class:`~dpq_spark.core.grid.Grid`).
+        Default ``(upper - lower) / 2**32``: extra error at most ``g / 2``, 1.2e-10 of the span.
+        Set it to the data's known resolution (0.01 for two-decimal ratings) so that tie blocks
+        are grid points and a quantile inside one is released as the tied value.
     rng : numpy.random.Generator, optional
-        Source of randomness. ``None`` (default) draws a fresh generator from OS entropy.
+        ``None`` (default): the OS cryptographic generator. A seeded generator is for tests and
+        reproducible experiments only.
 
     Returns
     -------
     numpy.ndarray
-        m sorted float64 estimates in ``[lower, upper]``, the j-th for ``quantiles[j]``.
+        m sorted float64 grid values in ``[lower, upper]``, the j-th for ``quantiles[j]``.
 
     Raises
     ------
@@ -101,18 +116,23 @@ def joint_exp(
 
     Privacy
     -------
-    epsilon-DP (pure) for the whole vector of m estimates, under the chosen neighbouring relation
+    epsilon-DP (pure) for the mechanism defined below, under the chosen neighbouring relation
     (add/remove or swap of one element of ``values``, that is one unit of ``counts``). The unit of
-    privacy is one row. Assumes ``lower``, ``upper`` and ``quantiles`` are public (not derived
-    from the data). The output is a sample of the exponential mechanism with utility
-    ``u(o) = -sum_{j=1}^{m+1} |#{x in [o_{j-1}, o_j)} - (q_j - q_{j-1}) n|``.
+    privacy is one row. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are
+    public (not derived from the data). The implementation samples it from float64 weights with
+    exact random draws; what it guarantees is ``(epsilon + eta, delta)``-DP with the ``eta`` and
+    ``delta`` of the module docstring (section "Guarantee as implemented"), below ``1e-6 *
+    epsilon``-scale and ``2**-55`` for every input this library accepts.
 
     Notes
     -----
-    The interval sequence ``s = (i_1 <= ... <= i_m)`` is drawn with probability proportional to
-    ``exp(eps u(s) / (2 Delta)) prod_j |I_{i_j}| / prod_i count_s(i)!``, backwards, then one uniform
-    point per output inside its interval, then sorted. Cost: sorting the data, then O(m K) for the
-    K cells within the bands (see the module docstring); memory O(m K).
+    The exponential mechanism over the finite grid: outputs are sorted m-tuples of grid points
+    ``o_1 <= ... <= o_m``, with probability proportional to ``exp(epsilon u(o) / (2 Delta))``,
+    ``u(o) = -sum_{j=1}^{m+1} |rho(o_j) - rho(o_{j-1}) - (q_j - q_{j-1}) n|``, ``rho(o_0) = 0``,
+    ``rho(o_{m+1}) = n`` and the mid-rank ``rho(k) = #{x < k} + (t + 1) / 2`` when ``t >= 1``
+    data points sit on grid point k (``#{x < k}`` when none do). See :func:`joint_exp_indices`;
+    this function snaps the data to the grid, calls it, and returns ``grid.value(k)``. Cost:
+    sorting the data, then O(m K) for the K cells within the bands; memory O(m K).
 
     References
     ----------
@@ -129,59 +149,132 @@ def joint_exp(
     request, x, c_arr = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    gen = resolve_rng(rng)
+    grid = Grid(request.lower, request.upper, granularity)
+    source = resolve_rng(rng)
     delta_u = joint_exp_sensitivity(request.quantiles, request.neighboring)
     c = request.epsilon / (2.0 * delta_u)
-    return _sample(x, c_arr, request.quantiles, c, request.lower, request.upper, gen)[0]
+    k = _sample_indices(grid.snap(x), c_arr, request.quantiles, c, grid.size, source)[0]
+    return grid.value(k)
+
+
+def joint_exp_indices(
+    k,
+    counts,
+    grid_size: int,
+    quantiles,
+    *,
+    epsilon: float,
+    neighboring: str | NeighboringRelation = "add_remove",
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
+    """JointExp on grid indices: the sampler behind :func:`joint_exp`, integers in and out.
+
+    Parameters
+    ----------
+    k : array_like of int
+        The private data as grid indices in ``[0, grid_size)`` (e.g. ``Grid.snap`` of the values,
+        or the same formula computed by Spark), in any order, repeats allowed.
+    counts : array_like of int or None
+        Non-negative multiplicities of ``k`` (None: one each), exactly as ``np.repeat(k, counts)``.
+    grid_size : int
+        The number of grid points ``N + 1``, public, ``1 <= grid_size <= 2**52 + 1``.
+    quantiles, epsilon, neighboring, rng
+        As in :func:`joint_exp`.
+
+    Returns
+    -------
+    numpy.ndarray
+        m sorted int64 grid indices in ``[0, grid_size)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it (never echoing data); raised before any sampling.
+
+    Privacy
+    -------
+    As :func:`joint_exp`: epsilon-DP for the exponential mechanism over the grid indices (up to
+    the implementation's ``eta`` and ``delta``, module docstring), under the chosen neighbouring
+    relation, one unit of ``counts`` being the unit of privacy. ``grid_size`` and ``quantiles``
+    must be public.
+    """
+    size = check_positive_int(grid_size, "grid_size")
+    if size > MAX_GRID_STEPS + 1:
+        raise ValueError(f"`grid_size` must be <= 2**52 + 1, got {grid_size!r}")
+    eps = check_epsilon(epsilon)
+    q = check_quantiles(quantiles)
+    relation = NeighboringRelation.parse(neighboring)
+    idx = check_grid_indices(k, size)
+    c_arr = None if counts is None else check_counts(counts, idx.size)
+    source = resolve_rng(rng)
+    c = eps / (2.0 * joint_exp_sensitivity(q, relation))
+    return _sample_indices(idx, c_arr, q, c, size, source)[0]
 
 
 # --------------------------------------------------------------------------------------------
 # Cells
 
 
-def _cells(x: np.ndarray, counts: np.ndarray | None, a: float, b: float):
-    """Clamp, sort and merge the data into cells.
+def _tie_rank(t: np.ndarray) -> np.ndarray:
+    """``f(t)``: the rank a grid point holding ``t >= 1`` tied points adds to ``#{x < k}``.
 
-    Returns ``(edges, log_width, pos, n)``: cell i is ``[edges[i], edges[i+1])`` with
-    ``log_width[i] = log(edges[i+1] - edges[i]) > -inf`` and ``pos[i]`` the number of data points
-    ``<= edges[i]`` (float64, exact below 2**53).
+    The mid-rank ``(t + 1) / 2`` (``t = 1`` gives ``#{x <= k}``). Any f with ``f(0) = 0``,
+    ``0 <= f(t+1) - f(t) <= 1`` and ``f(t) <= t`` keeps the sensitivity.
     """
-    x = np.clip(x, a, b)
+    return (t + 1.0) / 2.0
+
+
+def _grid_cells(idx: np.ndarray, counts: np.ndarray | None, size: int):
+    """Merge grid indices (with multiplicities) into cells of equal mid-rank.
+
+    Returns ``(start, width, log_width, pos, n)``: cell i is the grid points
+    ``start[i] .. start[i] + width[i] - 1`` (``start`` has a final entry ``size``), all of
+    mid-rank ``pos[i]`` (float64, half-integers, strictly increasing).
+    """
     if counts is None:
-        xs = np.sort(x)
+        distinct, mult = np.unique(idx, return_counts=True)
     else:
         keep = counts > 0
-        x, counts = x[keep], counts[keep]
-        order = np.argsort(x)
-        xs = x[order]
-    if xs.size:
-        first = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1])))
-        distinct = xs[first]
-        if counts is None:
-            mult = np.diff(np.append(first, xs.size))
+        idx, counts = idx[keep], counts[keep]
+        order = np.argsort(idx, kind="stable")
+        xs = idx[order]
+        if xs.size:
+            first = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1])))
+            distinct, mult = xs[first], np.add.reduceat(counts[order], first)
         else:
-            mult = np.add.reduceat(counts[order], first)
-    else:
-        distinct = xs
-        mult = np.zeros(0, dtype=np.int64)
+            distinct, mult = xs, np.zeros(0, dtype=np.int64)
+    distinct = distinct.astype(np.int64)
+    mult = mult.astype(np.int64)
     n = int(mult.sum())
-    # Edges: a, the distinct values strictly inside (a, b), b. Points on a bound add no edge.
-    inside = (distinct > a) & (distinct < b)
-    edges = np.concatenate(([a], distinct[inside], [b]))
-    # pos[i] = number of points <= edges[i]: the points at a, then the cumulative counts.
-    at_a = int(mult[distinct == a].sum()) if distinct.size else 0
-    pos = np.empty(edges.size - 1, dtype=np.float64)
-    pos[0] = at_a
-    pos[1:] = at_a + np.cumsum(mult[inside])[: edges.size - 2]
-    log_width = np.log(np.diff(edges))
-    return edges, log_width, pos, n
+    d = distinct.size
+    if d == 0:
+        start = np.array([0, size], dtype=np.int64)
+        width = np.array([size], dtype=np.int64)
+        pos = np.zeros(1)
+        return start, width, np.log(width.astype(np.float64)), pos, 0
+    below = np.cumsum(mult) - mult  # #{x < d}
+    nxt = np.append(distinct[1:], size)
+    single = mult == 1
+    # Two slots per distinct value: the value's own cell, then the gap after it.
+    w_main = np.where(single, nxt - distinct, 1)
+    w_gap = np.where(single, 0, nxt - distinct - 1)
+    p_main = below + _tie_rank(mult.astype(np.float64))
+    p_gap = (below + mult).astype(np.float64)
+    widths = np.concatenate(([distinct[0]], np.column_stack((w_main, w_gap)).ravel()))
+    starts = np.concatenate(([0], np.column_stack((distinct, distinct + 1)).ravel()))
+    poss = np.concatenate(([0.0], np.column_stack((p_main, p_gap)).ravel()))
+    keep = widths > 0
+    width = widths[keep]
+    start = np.append(starts[keep], size)
+    pos = poss[keep]
+    return start, width, np.log(width.astype(np.float64)), pos, n
 
 
 # --------------------------------------------------------------------------------------------
 # Bands
 
 
-def _bands(edges, log_width, pos, n, q, c, a, b):
+def _bands(start, width, log_width, pos, n, q, c, size):
     """Contiguous ranges ``[lo_j, hi_j)`` of cells that step j must keep (see module docstring)."""
     m = q.size
     K = pos.size
@@ -194,13 +287,14 @@ def _bands(edges, log_width, pos, n, q, c, a, b):
     score = log_width[cand] - 2.0 * c * np.abs(pos[cand] - cum_target[:, None])
     ref = np.maximum.accumulate(cand[np.arange(m), np.argmax(score, axis=1)])
     keep_lo, keep_hi = ref, ref + 1
-    log_z_low = _log_sequence_weight(ref, log_width, pos, n, q, c)
-    boxes = _box_lower_bound(edges, pos, n, q, c)
+    log_z_low = _log_sequence_weight(ref, width, log_width, pos, n, q, c)
+    boxes = _box_lower_bound(start, pos, n, q, c)
     if boxes is not None and boxes[0] > log_z_low:
         log_z_low, keep_lo, keep_hi = boxes
     j = np.arange(1, m + 1)
-    log_volume = (m - 1) * math.log(b - a) - gammaln(j) - gammaln(m - j + 1)
-    slack = log_volume + math.log(b - a) + math.log(m) + _LOG_BAND_TOL - log_z_low
+    # Sorted r-tuples of the `size` grid points: C(size + r - 1, r) <= (size + m)^r / r!.
+    log_volume = (m - 1) * math.log(size + m) - gammaln(j) - gammaln(m - j + 1)
+    slack = log_volume + math.log(size) + math.log(m) + _LOG_BAND_TOL - log_z_low
     half = np.maximum(slack, 0.0) / (2.0 * c)
     lo = np.searchsorted(pos, cum_target - half, side="left")
     hi = np.searchsorted(pos, cum_target + half, side="right")
@@ -208,12 +302,13 @@ def _bands(edges, log_width, pos, n, q, c, a, b):
     return np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
 
 
-def _box_lower_bound(edges, pos, n, q, c):
+def _box_lower_bound(start, pos, n, q, c):
     """Lower bound 2, a product of boxes: output j anywhere in the cells of rank in
     ``[P_j - h_j, P_j + h_j)``, with ``h_j`` at most half the distance to the neighbouring targets
     (so the boxes are disjoint and increasing, and their outputs sorted). Each output's rank is
     within ``d_j`` of ``P_j``, so ``u >= -2 sum_j d_j`` and the mass is at least
-    ``exp(-2c sum_j d_j) prod_j |box_j|``. Returns ``(log bound, lo, hi)`` or None.
+    ``exp(-2c sum_j d_j) prod_j |box_j|`` (``|box_j|`` its number of grid points: one point per
+    box gives distinct sorted tuples). Returns ``(log bound, lo, hi)`` or None.
     """
     cum = q * n
     gaps = np.diff(np.concatenate(([0.0], cum, [float(n)])))
@@ -229,7 +324,7 @@ def _box_lower_bound(edges, pos, n, q, c):
     rc = np.clip(right - 1, 0, pos.size - 1)
     dist = np.maximum(np.abs(pos[lc] - cum[:, None]), np.abs(pos[rc] - cum[:, None]))
     with np.errstate(divide="ignore"):
-        length = np.log(edges[np.minimum(right, pos.size)] - edges[lc])
+        length = np.log((start[np.minimum(right, pos.size)] - start[lc]).astype(np.float64))
     score = np.where(valid, length - 2.0 * c * dist, -np.inf)
     best = np.argmax(score, axis=1)
     rows = np.arange(q.size)
@@ -238,13 +333,20 @@ def _box_lower_bound(edges, pos, n, q, c):
     return float(score[rows, best].sum()), left[rows, best], right[rows, best]
 
 
-def _log_sequence_weight(seq, log_width, pos, n, q, c) -> float:
-    """log of exp(c u(s)) prod w / prod k! for a nondecreasing cell sequence ``seq``."""
+def _log_sequence_weight(seq, width, log_width, pos, n, q, c) -> float:
+    """log of exp(c u(s)) prod_runs C(w + k - 1, k) for a nondecreasing cell sequence ``seq``:
+    the mass of the grid tuples whose cells are ``seq``."""
     ranks = np.concatenate(([0.0], pos[seq], [float(n)]))
     targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
     util = -np.abs(np.diff(ranks) - targets).sum()
-    _, run_lengths = np.unique(seq, return_counts=True)
-    return float(c * util + log_width[seq].sum() - gammaln(run_lengths + 1).sum())
+    cells, run_lengths = np.unique(seq, return_counts=True)
+    log_mult = 0.0
+    for i, k in zip(cells, run_lengths):
+        w = np.float64(width[i])
+        log_mult += float(log_width[i])
+        for kk in range(2, int(k) + 1):
+            log_mult += float(_log_run_step(w, kk))
+    return float(c * util + log_mult)
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,7 +447,8 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
 class _Forward:
     """The forward tables over the bands: ``A_j`` (k = 1 slices) and prefix maxima for runs."""
 
-    def __init__(self, log_width, pos, n, q, c, lo, hi):
+    def __init__(self, width, log_width, pos, n, q, c, lo, hi):
+        self.width = np.asarray(width, dtype=np.float64)  # integer counts of grid points
         self.log_width, self.pos, self.n, self.q, self.c = log_width, pos, n, q, c
         self.lo, self.hi = lo, hi
         self.m = q.size
@@ -433,10 +536,14 @@ class _Forward:
     def run_sums(self, j: int) -> np.ndarray:
         """S_j = log sum_k alpha(j, i, k) on band j, minus nu_j (the scale of the stored A_j).
 
-        Run lengths are added while an upper bound on all longer runs is not below ``2**-72`` of
-        the sum so far, for any cell. While many cells need a term, it is added on the whole
-        band (adding a negligible term to a finished cell only makes it more exact); once few
-        do, only on those.
+        A run of k outputs in cell i (w grid points) carries ``C(w + k - 1, k) = w R_k(w)``
+        multisets, ``log R_k(w) = sum_{t=2..k} log((w + t - 1) / t)``. Run lengths are added while
+        an upper bound on all longer runs is not below ``2**-72`` of the sum so far, for any cell:
+        with ``rho_k(w) = log R_k(w) - (k - 1) log w`` nonincreasing in k (for w >= 1), the terms
+        with run start <= jp are each at most ``exp(G_max_jp + Lambda_j + rho_k(w))``, so the
+        j - k + 1 of them sum to at most that times j - k + 1. While many cells need a term, it is
+        added on the whole band (adding a negligible term to a finished cell only makes it more
+        exact); once few do, only on those.
         """
         band = self._band(j)
         acc = self.A[j - 1].copy()
@@ -444,35 +551,44 @@ class _Forward:
             return acc
         scale = self.nu[j - 1]
         L = self.log_width[band]
+        W = self.width[band]
         lam_j = self._log_lambda(j, band) - scale
         size = acc.size
         active: np.ndarray | None = None  # None: every cell of the band (dense mode)
+        log_r = np.zeros(size)  # log R_k(w) on the current cells (band, or active)
         for k in range(2, j + 1):
             jp = j - k + 1  # the run of k outputs starts at output jp
-            # Every term with run start <= jp is at most exp(G_max_jp + Lambda_j) / k'! with
-            # k' >= k, and sum_{k' >= k} 1/k'! <= 2/k!.
-            log_tail = math.log(2.0) - float(gammaln(k + 1))
-            shift = -self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1]) - _log_run_volume(k) - scale
+            log_count = math.log(j - k + 1)
+            shift = -self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1]) - scale
             if active is None:
-                bound = self._on_band(self.G_max, jp, band, log_tail) + lam_j
+                log_r += _log_run_step(W, k)
+                bound = self._on_band(self.G_max, jp, band, log_count) + lam_j + log_r - (k - 1) * L
                 need = bound >= acc - _LOG_RUN_TOL
                 count = int(np.count_nonzero(need))
                 if count == 0:
                     break
                 if count * 8 < size:
                     active = np.flatnonzero(need)
+                    log_r = log_r[active]
                 else:
-                    term = self._on_band(self.A, jp, band, self.nu[jp - 1] + shift) + (k - 1) * L
+                    term = self._on_band(self.A, jp, band, self.nu[jp - 1] + shift) + log_r
                     acc = logaddexp(acc, term)
                     continue
             else:
+                log_r += _log_run_step(W[active], k)
                 cells = band.start + active
-                bound = self._gather(self.G_max, jp, cells, log_tail) + lam_j[active]
-                active = active[bound >= acc[active] - _LOG_RUN_TOL]
+                bound = (
+                    self._gather(self.G_max, jp, cells, log_count)
+                    + lam_j[active]
+                    + log_r
+                    - (k - 1) * L[active]
+                )
+                keep = bound >= acc[active] - _LOG_RUN_TOL
+                active, log_r = active[keep], log_r[keep]
                 if active.size == 0:
                     break
             cells = band.start + active
-            term = self._gather(self.A, jp, cells, self.nu[jp - 1] + shift) + (k - 1) * L[active]
+            term = self._gather(self.A, jp, cells, self.nu[jp - 1] + shift) + log_r
             acc[active] = logaddexp(acc[active], term)
         return acc
 
@@ -480,26 +596,24 @@ class _Forward:
         """log alpha(j, i, k) for k = 1..j at one global cell i (true scale minus nu_j)."""
         scale = self.nu[j - 1]
         terms = np.full(j, -np.inf)
-        Li = self.log_width[i]
+        w = np.float64(self.width[i])
+        log_r = 0.0
         for k in range(1, j + 1):
+            if k > 1:
+                log_r += float(_log_run_step(w, k))
             jp = j - k + 1
             lo, hi = int(self.lo[jp - 1]), int(self.hi[jp - 1])
             if not lo <= i < hi:
                 continue
             A_true = self.A[jp - 1][i - lo] + self.nu[jp - 1]
-            terms[k - 1] = (
-                A_true
-                - scale
-                - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1])
-                + (k - 1) * Li
-                - _log_run_volume(k)
-            )
+            terms[k - 1] = A_true - scale - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1]) + log_r
         return terms
 
 
-def _log_run_volume(k: int) -> float:
-    """log k!: k sorted uniform points in one cell fill 1/k! of the cube w^k."""
-    return float(gammaln(k + 1))
+def _log_run_step(w, k: int):
+    """``log R_k(w) - log R_{k-1}(w) = log((w + k - 1) / k)``: one more output in a cell of w grid
+    points (multisets: ``C(w + k - 1, k) = w R_k(w)``)."""
+    return np.log(w + (k - 1.0)) - math.log(k)
 
 
 def _logaddexp_scalar(a: float, b: float) -> float:
@@ -509,50 +623,43 @@ def _logaddexp_scalar(a: float, b: float) -> float:
     return top + math.log1p(math.exp(-abs(a - b)))
 
 
-def _draw_log(log_w: np.ndarray, gen: np.random.Generator) -> int:
-    """Index drawn with probability proportional to exp(log_w), by inverse CDF."""
-    top = np.max(log_w)
-    w = np.exp(log_w - top)
-    cdf = np.cumsum(w)
-    u = gen.random() * cdf[-1]
-    return int(min(np.searchsorted(cdf, u, side="right"), log_w.size - 1))
+def _sample_indices(idx, counts, q, c, size, source, draws=1):
+    """``draws`` independent draws from one forward pass: sorted grid indices, shape (draws, m).
 
-
-def _sample(x, counts, q, c, a, b, gen):
-    """Draw once from JointExp. Returns ``(sorted outputs, interval ranks per output)``."""
-    outputs, ranks = _sample_many(x, counts, q, c, a, b, gen, size=1)
-    return outputs[0], ranks[0]
-
-
-def _sample_many(x, counts, q, c, a, b, gen, size):
-    """``size`` independent draws from one forward pass: arrays of shape (size, m).
-
-    The ranks ``pos`` of the chosen cells identify the paper's intervals ``I_{rank}``; they are
-    returned for the exactness tests.
+    ``idx`` are grid indices in ``[0, size)`` (validated), ``counts`` their multiplicities or None.
     """
-    edges, log_width, pos, n = _cells(x, counts, a, b)
+    start, width, log_width, pos, n = _grid_cells(idx, counts, size)
     m = q.size
-    lo, hi = _bands(edges, log_width, pos, n, q, c, a, b)
-    fw = _Forward(log_width, pos, n, q, c, lo, hi)
+    lo, hi = _bands(start, width, log_width, pos, n, q, c, size)
+    fw = _Forward(width, log_width, pos, n, q, c, lo, hi)
     fw.run()
     band_m = fw._band(m)
     log_w_last = fw.S_last - c * np.abs(n - pos[band_m] - fw.targets[m])
-    outputs = np.empty((size, m))
-    ranks = np.empty((size, m), dtype=np.int64)
-    for r in range(size):
-        cell_of = _backward(fw, band_m.start + _draw_log(log_w_last, gen), gen)
-        outputs[r] = np.clip(np.sort(gen.uniform(edges[cell_of], edges[cell_of + 1])), a, b)
-        ranks[r] = pos[cell_of].astype(np.int64)
-    return outputs, ranks
+    out = np.empty((draws, m), dtype=np.int64)
+    for r in range(draws):
+        cell_of = _backward(fw, band_m.start + draw_index(log_w_last, source), source)
+        j = 0
+        while j < m:  # runs of equal cells: one uniform multiset of grid points each
+            i = int(cell_of[j])
+            k = int(np.searchsorted(cell_of, i, side="right")) - j
+            out[r, j : j + k] = int(start[i]) + uniform_multiset(source, int(width[i]), k)
+            j += k
+    return out
 
 
-def _backward(fw: _Forward, i: int, gen: np.random.Generator) -> np.ndarray:
+def _sample_many(x, counts, q, c, a, b, rng, size, granularity=None):
+    """``size`` draws of ``joint_exp`` (validated inputs) as grid indices, with the grid."""
+    grid = Grid(a, b, granularity)
+    return _sample_indices(grid.snap(x), counts, q, c, grid.size, resolve_rng(rng), size), grid
+
+
+def _backward(fw: _Forward, i: int, source) -> np.ndarray:
     """Given the cell ``i`` of output m, draw the cells of all outputs, backwards by runs."""
     pos, c = fw.pos, fw.c
     cell_of = np.empty(fw.m, dtype=np.int64)
     j = fw.m
     while True:
-        k = 1 + _draw_log(fw.run_terms_single(j, i), gen)
+        k = 1 + draw_index(fw.run_terms_single(j, i), source)
         cell_of[j - k : j] = i
         j -= k
         if j == 0:
@@ -561,4 +668,4 @@ def _backward(fw: _Forward, i: int, gen: np.random.Generator) -> np.ndarray:
         S = fw.finished_sums(j)
         stop = min(band.stop, i) - band.start  # predecessors lie strictly left of cell i
         log_w = S[:stop] - c * np.abs(pos[i] - pos[band][:stop] - fw.targets[j])
-        i = band.start + _draw_log(log_w, gen)
+        i = band.start + draw_index(log_w, source)

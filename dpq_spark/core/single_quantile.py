@@ -1,16 +1,20 @@
-"""The single-quantile exponential mechanism (Smith 2011), shared by IndExp, AppIndExp and
-ApproxQuantiles.
+"""The single-quantile exponential mechanism (Smith 2011) on a public grid, shared by IndExp,
+AppIndExp and ApproxQuantiles.
 
-With clamped data ``x_1 <= ... <= x_n`` and ``x_0 = lower``, ``x_{n+1} = upper``, the output is
-drawn from the density proportional to ``exp(-c |#{x_i < o} - q n|)`` on ``[lower, upper]``, with
-``c = epsilon / (2 Delta)``. It is sampled exactly in two steps: choose the interval
-``[x_i, x_{i+1})`` with log-weight ``log(x_{i+1} - x_i) - c |i - q n|`` (intervals of width zero
-have probability zero and are left out), then a uniform point inside it. The interval is drawn by
-inverse CDF on weights normalised by their maximum (all in log space until the final ``exp``),
-so nothing underflows that matters.
+The data are clamped to ``[lower, upper]`` and snapped to the public grid
+(:class:`~dpq_spark.core.grid.Grid`); the output is a grid point k, drawn with probability
+proportional to ``exp(-c |rho(k) - q n|)``, ``c = epsilon / (2 Delta)``, where ``rho`` is the
+mid-rank ``#{x < k} + (t + 1) / 2`` if t >= 1 points sit on k (``#{x < k}`` if none do), the
+convention of :mod:`dpq_spark.core.joint_exp`. So a quantile inside a block of tied values is
+released as that value. Sensitivity: adding a point moves ``rho`` by an amount in [0, 1] and
+``q n`` by q, so the utility moves by at most ``max(q, 1 - q)``; a swap (n fixed) moves ``rho`` by
+at most 1 (Delta = 1), as for the continuous mechanism.
 
-With multiplicities the intervals lie between consecutive *distinct* values and ``i`` is the
-cumulative count, which is exactly the repeated-array mechanism with its empty intervals removed.
+Sampling, exactly: grid points of equal mid-rank form *cells* (the gap before the first data
+point, each data point, each gap after one); a cell of w points has weight
+``w exp(-c |rho - q n|)``; the cell is drawn with :func:`~dpq_spark.core.grid.draw_index` (exactly
+proportional to the float64 weights) and the point within it with an exact uniform integer draw.
+The guarantee as implemented is that of :mod:`dpq_spark.core.joint_exp` with m = 1.
 """
 
 from __future__ import annotations
@@ -29,67 +33,71 @@ from dpq_spark.core._validation import (
     check_values,
 )
 from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.grid import Grid, draw_index
 from dpq_spark.core.privacy import NeighboringRelation, single_quantile_sensitivity
 
-__all__ = ["single_quantile", "Intervals", "sample_quantile"]
+__all__ = ["single_quantile", "GridCells", "sample_grid_index"]
 
 
 @dataclass(frozen=True)
-class Intervals:
-    """The intervals of positive width between the bounds and the distinct data values.
+class GridCells:
+    """Runs of grid points ``first .. stop - 1`` of equal mid-rank, for data on those points.
 
-    Interval ``r`` is ``[left[r], right[r])``; ``below[r]`` is the number of data points
-    ``<= left[r]`` (0 for the first interval). Built once per dataset and reused for every
-    quantile drawn from it.
+    Cell ``r`` is the points ``start[r] .. start[r] + width[r] - 1``, all of mid-rank ``rank[r]``
+    (half-integers, strictly increasing). Built once per dataset and reused for every quantile.
     """
 
-    left: np.ndarray
-    right: np.ndarray
-    log_width: np.ndarray
-    below: np.ndarray
+    start: np.ndarray
+    width: np.ndarray
+    rank: np.ndarray
     n: int
 
     @classmethod
-    def of(cls, data: SortedData, lower: float, upper: float) -> "Intervals":
-        """Intervals of ``data`` (already clamped) within ``[lower, upper]``."""
-        edges = np.concatenate(([lower], data.values, [upper]))
-        below = np.concatenate(([0], data.cum)).astype(np.float64)
-        width = np.diff(edges)
-        positive = width > 0
-        return cls(edges[:-1][positive], edges[1:][positive], np.log(width[positive]), below[positive], data.n)
+    def of(cls, data: SortedData, first: int, stop: int) -> "GridCells":
+        """Cells of ``data`` (grid indices, all in ``[first, stop)``) on points ``first..stop-1``."""
+        d = data.values.astype(np.int64)
+        mult = data.counts.astype(np.int64)
+        if d.size == 0:
+            return cls(np.array([first]), np.array([stop - first]), np.zeros(1), 0)
+        below = data.cum - mult
+        nxt = np.append(d[1:], stop)
+        single = mult == 1
+        w_main = np.where(single, nxt - d, 1)
+        w_gap = np.where(single, 0, nxt - d - 1)
+        widths = np.concatenate(([d[0] - first], np.column_stack((w_main, w_gap)).ravel()))
+        starts = np.concatenate(([first], np.column_stack((d, d + 1)).ravel()))
+        ranks = np.concatenate(
+            ([0.0], np.column_stack((below + (mult + 1) / 2.0, (below + mult).astype(float))).ravel())
+        )
+        keep = widths > 0
+        return cls(starts[keep], widths[keep], ranks[keep], data.n)
 
     def log_weights(self, q: float, scale: float) -> np.ndarray:
-        """Unnormalised log-weights ``log(width) - scale * |below - q n|``, ``scale = eps / (2 Delta)``."""
-        return self.log_width - scale * np.abs(self.below - q * self.n)
+        """Unnormalised log-weights ``log(width) - scale |rank - q n|``, ``scale = eps / (2 Delta)``."""
+        return np.log(self.width.astype(np.float64)) - scale * np.abs(self.rank - q * self.n)
 
-    def sample(self, q: float, epsilon: float, sensitivity: float, rng: np.random.Generator) -> float:
-        """One draw of the exponential mechanism for quantile ``q`` (``epsilon`` for this draw).
-
-        Needs ``lower < upper``, so that at least one interval has positive width.
-        """
-        log_weight = self.log_weights(q, epsilon / (2.0 * sensitivity))
-        cdf = np.cumsum(np.exp(log_weight - log_weight.max()))
-        r = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
-        return float(self.left[r] + rng.random() * (self.right[r] - self.left[r]))
+    def sample(self, q: float, epsilon: float, sensitivity: float, source) -> int:
+        """One draw of the exponential mechanism for quantile ``q``: a grid index."""
+        r = draw_index(self.log_weights(q, epsilon / (2.0 * sensitivity)), source)
+        return int(self.start[r]) + source.below(int(self.width[r]))
 
 
-def sample_quantile(
+def sample_grid_index(
     data: SortedData,
-    lower: float,
-    upper: float,
+    first: int,
+    last: int,
     q: float,
     epsilon: float,
     sensitivity: float,
-    rng: np.random.Generator,
-) -> float:
-    """One draw of the exponential mechanism for quantile ``q`` (validated inputs only).
+    source,
+) -> int:
+    """One draw of the exponential mechanism for quantile ``q`` on grid points ``first..last``
+    (validated inputs; ``data`` holds grid indices in that range).
 
     ``epsilon`` is the budget of this one draw; ``sensitivity`` is that of its utility on the
-    neighbouring relation the caller protects. If ``lower == upper`` the only output is ``lower``.
+    neighbouring relation the caller protects.
     """
-    if not upper > lower:
-        return float(lower)
-    return Intervals.of(data, lower, upper).sample(q, epsilon, sensitivity, rng)
+    return GridCells.of(data, first, last + 1).sample(q, epsilon, sensitivity, source)
 
 
 def single_quantile(
@@ -101,6 +109,7 @@ def single_quantile(
     upper: float,
     neighboring: str | NeighboringRelation = "add_remove",
     counts=None,
+    granularity: float | None = None,
     rng: np.random.Generator | None = None,
 ) -> float:
     """Estimate one quantile with the exponential mechanism of Smith (2011).
@@ -119,13 +128,16 @@ def single_quantile(
         Which datasets are neighbours.
     counts : array_like of int, optional
         Multiplicity of each entry of ``values``; same distribution as ``np.repeat(values, counts)``.
+    granularity : float, optional
+        Step of the public output grid; default ``(upper - lower) / 2**32`` (see
+        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step).
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
     Returns
     -------
     float
-        The estimate, in ``[lower, upper]``.
+        The estimate, a grid value in ``[lower, upper]``.
 
     Raises
     ------
@@ -136,15 +148,18 @@ def single_quantile(
 
     Notes
     -----
-    The output density on ``[lower, upper]`` is proportional to
-    ``exp(-epsilon |#{x < o} - q n| / (2 Delta))`` with ``Delta = 1`` (swap) or
-    ``max(q, 1 - q)`` (add/remove). Runtime O(n log n) for the sort, O(n) for the draw.
+    Grid point k is released with probability proportional to
+    ``exp(-epsilon |rho(k) - q n| / (2 Delta))`` (``rho`` the mid-rank, module docstring) with
+    ``Delta = 1`` (swap) or ``max(q, 1 - q)`` (add/remove). Runtime O(n log n) for the sort, O(n)
+    for the draw.
 
     Privacy
     -------
     ``epsilon``-differential privacy (pure) for the chosen neighbouring relation, one row being the
     unit of privacy (one unit of multiplicity when ``counts`` is given). Assumes ``lower``,
-    ``upper`` and ``quantile`` are chosen without looking at the data.
+    ``upper``, ``granularity`` and ``quantile`` are chosen without looking at the data. As
+    implemented (float64 weights, exact draws): ``(epsilon + eta, delta)``-DP with ``eta`` and
+    ``delta`` of :mod:`dpq_spark.core.joint_exp` for m = 1.
 
     Examples
     --------
@@ -162,6 +177,8 @@ def single_quantile(
     relation = NeighboringRelation.parse(neighboring)
     x = check_values(values)
     c = None if counts is None else check_counts(counts, x.size)
-    gen = resolve_rng(rng)
-    data = sort_data(x, c, lo, hi)
-    return sample_quantile(data, lo, hi, q, eps, single_quantile_sensitivity(q, relation), gen)
+    grid = Grid(lo, hi, granularity)
+    source = resolve_rng(rng)
+    data = sort_data(grid.snap(x), c, 0, grid.steps)
+    k = sample_grid_index(data, 0, grid.steps, q, eps, single_quantile_sensitivity(q, relation), source)
+    return float(grid.value(k))

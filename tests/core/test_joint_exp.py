@@ -6,12 +6,16 @@ import importlib
 import itertools
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
 from dpq_spark.core import NeighboringRelation, joint_exp
+from dpq_spark.core._random import resolve_rng
+from dpq_spark.core.grid import Grid
+from dpq_spark.core.joint_exp import joint_exp_indices
 from dpq_spark.core.privacy import joint_exp_sensitivity
 
 J = importlib.import_module("dpq_spark.core.joint_exp")
@@ -113,45 +117,40 @@ def test_large_epsilon_recovers_the_quantiles():
     assert np.all(out >= xs[idx - 1]) and np.all(out <= xs[idx + 1])
 
 
-def test_swap_is_the_single_quantile_mechanism_at_full_epsilon():
-    # m = 1, swap: P(interval i) ∝ w_i exp(-(eps/2) |i - q n|) (ALGORITHMS.md section 1).
-    x = np.sort(np.random.default_rng(3).uniform(0.0, 1.0, 8))
-    eps, q = 1.2, 0.4
-    c = eps / (2 * joint_exp_sensitivity(np.array([q]), NeighboringRelation.SWAP))
-    _, ranks = J._sample_many(x, None, np.array([q]), c, 0.0, 1.0, np.random.default_rng(4), 20_000)
-    w = np.diff(np.concatenate(([0.0], x, [1.0])))
-    p = w * np.exp(-(eps / 2) * np.abs(np.arange(9) - q * 8))
-    p /= p.sum()
-    observed = np.bincount(ranks[:, 0], minlength=9)
-    assert chisquare(observed, p * observed.sum()).pvalue > 1e-3
-
-
 # ------------------------------------------------------------------------------- exactness
 
 
-def brute_force(x, q, c, lower, upper):
-    """P(s) ∝ exp(c u(s)) prod_j |I_{i_j}| / prod_i count_s(i)!, enumerated over all sequences."""
-    xs = np.sort(np.clip(np.asarray(x, dtype=float), lower, upper))
-    n, m = xs.size, len(q)
-    widths = np.diff(np.concatenate(([lower], xs, [upper])))
+def mid_ranks(idx, size, tie=lambda t: (t + 1) / 2):
+    """rho(k) = #{x < k} + f(#{x = k}), f(0) = 0, for every grid point k, from the definition."""
+    idx = np.asarray(idx, dtype=int)
+    rho = np.empty(size)
+    for k in range(size):
+        t = int(np.sum(idx == k))
+        rho[k] = np.sum(idx < k) + (tie(t) if t else 0.0)
+    return rho
+
+
+def utility(rho, o, n, q):
+    ranks = np.concatenate(([0.0], rho[list(o)], [float(n)]))
     targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
-    weights = {}
-    for s in itertools.combinations_with_replacement(range(n + 1), m):
-        volume = np.prod(widths[list(s)])
-        if volume == 0.0:
-            continue
-        utility = -np.abs(np.diff(np.concatenate(([0], s, [n]))) - targets).sum()
-        repeats = np.prod([math.factorial(k) for k in np.unique(s, return_counts=True)[1]])
-        weights[s] = math.exp(c * utility) * volume / repeats
+    return -np.abs(np.diff(ranks) - targets).sum()
+
+
+def brute_force(idx, size, q, c):
+    """P(o) ∝ exp(c u(o)) over every sorted m-tuple o of grid points."""
+    rho = mid_ranks(idx, size)
+    n = len(idx)
+    weights = {o: math.exp(c * utility(rho, o, n, np.asarray(q))) for o in
+               itertools.combinations_with_replacement(range(size), len(q))}
     total = sum(weights.values())
-    return {s: w / total for s, w in weights.items()}
+    return {o: w / total for o, w in weights.items()}
 
 
 def chi_square_pvalue(samples, probs):
     observed = {}
     for s in map(tuple, samples):
         observed[s] = observed.get(s, 0) + 1
-    assert set(observed) <= set(probs), "sampled a sequence of probability zero"
+    assert set(observed) <= set(probs), "sampled a tuple of probability zero"
     keys = list(probs)
     obs = np.array([observed.get(s, 0) for s in keys], dtype=float)
     exp = np.array([probs[s] for s in keys]) * len(samples)
@@ -167,45 +166,69 @@ def chi_square_pvalue(samples, probs):
     return chisquare(obs, exp).pvalue
 
 
+# (grid indices of the data, grid size N + 1, quantiles, epsilon)
 CASES = {
-    "distinct": ([0.1, 0.5, 0.7, 0.9], [0.3, 0.6], 2.0, (0.0, 1.0)),
-    "duplicates": ([0.2, 0.2, 0.5, 0.5, 0.5, 0.8], [0.25, 0.5, 0.75], 3.0, (0.0, 1.0)),
-    "on_and_outside_bounds": ([-1.0, 0.0, 0.3, 1.0, 2.0, 0.6], [0.2, 0.8], 1.5, (0.0, 1.0)),
-    "empty": ([], [0.3, 0.6], 1.0, (0.0, 1.0)),
-    "m_exceeds_n": ([0.5], [0.2, 0.4, 0.6], 0.5, (0.0, 1.0)),
-    "all_equal": ([0.4, 0.4, 0.4], [0.3, 0.5, 0.7], 1.0, (0.0, 1.0)),
+    "distinct": ([1, 4, 6, 7], 9, [0.3, 0.6], 2.0),
+    "ties": ([2, 2, 5, 5, 5], 9, [0.25, 0.5, 0.75], 3.0),
+    "on_the_bounds": ([0, 0, 3, 8, 5], 9, [0.2, 0.8], 1.5),
+    "empty": ([], 6, [0.3, 0.6], 1.0),
+    "m_exceeds_n": ([4], 7, [0.2, 0.4, 0.6], 0.5),
+    "all_equal": ([3, 3, 3], 6, [0.3, 0.5, 0.7], 1.0),
+    "one_quantile": ([1, 2, 2, 6], 8, [0.4], 1.2),
 }
 N_SAMPLES = 12_000
 
 
-def draw(x, q, c, bounds, seed, sampler=None):
-    sample = sampler or J._sample_many
-    _, ranks = sample(np.asarray(x, dtype=float), None, np.asarray(q), c, *bounds, np.random.default_rng(seed), N_SAMPLES)
-    return ranks
+def draw(idx, size, q, c, seed, counts=None):
+    source = resolve_rng(np.random.default_rng(seed))
+    return J._sample_indices(np.asarray(idx, dtype=np.int64), counts, np.asarray(q), c, size, source, N_SAMPLES)
+
+
+def c_of(q, eps, neighboring="add_remove"):
+    return eps / (2 * joint_exp_sensitivity(np.array(q), NeighboringRelation(neighboring)))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("neighboring", ["add_remove", "swap"])
-def test_interval_sequences_match_brute_force(name, neighboring):
-    x, q, eps, bounds = CASES[name]
-    c = eps / (2 * joint_exp_sensitivity(np.array(q), NeighboringRelation(neighboring)))
-    probs = brute_force(x, q, c, *bounds)
-    assert chi_square_pvalue(draw(x, q, c, bounds, seed=11), probs) > 1e-3
+def test_grid_tuples_match_brute_force(name, neighboring):
+    idx, size, q, eps = CASES[name]
+    c = c_of(q, eps, neighboring)
+    assert chi_square_pvalue(draw(idx, size, q, c, seed=11), brute_force(idx, size, q, c)) > 1e-3
 
 
 def test_chi_square_rejects_epsilon_times_1_3():
-    x, q, eps, bounds = CASES["distinct"]
-    c = eps / (2 * joint_exp_sensitivity(np.array(q), NeighboringRelation.ADD_REMOVE))
-    probs = brute_force(x, q, c, *bounds)
-    assert chi_square_pvalue(draw(x, q, 1.3 * c, bounds, seed=12), probs) < 1e-6
+    idx, size, q, eps = CASES["distinct"]
+    c = c_of(q, eps)
+    assert chi_square_pvalue(draw(idx, size, q, 1.3 * c, seed=12), brute_force(idx, size, q, c)) < 1e-6
 
 
-def test_chi_square_rejects_a_sampler_without_the_factorial(monkeypatch):
-    x, q, eps, bounds = CASES["m_exceeds_n"]
-    c = eps / (2 * joint_exp_sensitivity(np.array(q), NeighboringRelation.ADD_REMOVE))
-    probs = brute_force(x, q, c, *bounds)
-    monkeypatch.setattr(J, "_log_run_volume", lambda k: 0.0)
-    assert chi_square_pvalue(draw(x, q, c, bounds, seed=13), probs) < 1e-6
+def test_chi_square_rejects_runs_weighted_as_volumes(monkeypatch):
+    # w^k / k! (the continuous volume) instead of C(w + k - 1, k) multisets of grid points.
+    idx, size, q, eps = CASES["m_exceeds_n"]
+    c = c_of(q, eps)
+    probs = brute_force(idx, size, q, c)
+    monkeypatch.setattr(J, "_log_run_step", lambda w, k: np.log(w) - math.log(k))
+    assert chi_square_pvalue(draw(idx, size, q, c, seed=13), probs) < 1e-6
+
+
+def test_chi_square_rejects_the_rank_without_mid_rank(monkeypatch):
+    # #{x <= k} instead of the mid-rank on tied grid points.
+    idx, size, q, eps = CASES["ties"]
+    c = c_of(q, eps)
+    probs = brute_force(idx, size, q, c)
+    monkeypatch.setattr(J, "_tie_rank", lambda t: t)
+    assert chi_square_pvalue(draw(idx, size, q, c, seed=14), probs) < 1e-6
+
+
+def test_values_are_snapped_then_sampled_on_the_grid():
+    # joint_exp = snap to the grid, joint_exp_indices, value(k); outputs are grid values.
+    x = np.array([0.26, 0.49, 0.5, 0.74, 1.7, -3.0])
+    grid = Grid(0.0, 1.0, 0.25)
+    assert grid.snap(x).tolist() == [1, 2, 2, 3, 4, 0]
+    a = joint_exp(x, Q3, epsilon=1.0, lower=0.0, upper=1.0, granularity=0.25, rng=np.random.default_rng(3))
+    b = joint_exp_indices(grid.snap(x), None, grid.size, Q3, epsilon=1.0, rng=np.random.default_rng(3))
+    np.testing.assert_array_equal(a, grid.value(b))
+    assert set(a.tolist()) <= {0.0, 0.25, 0.5, 0.75, 1.0}
 
 
 def test_counts_give_exactly_the_repeated_array():
@@ -214,18 +237,77 @@ def test_counts_give_exactly_the_repeated_array():
     counts = rng.integers(0, 5, 50)
     q = np.array([0.1, 0.5, 0.9])
     for seed in range(20):
-        a = joint_exp(np.repeat(values, counts), q, epsilon=1.0, lower=-10, upper=10, rng=np.random.default_rng(seed))
-        b = joint_exp(values, q, epsilon=1.0, lower=-10, upper=10, counts=counts, rng=np.random.default_rng(seed))
-        np.testing.assert_array_equal(a, b)
+        for g in (None, 0.5):
+            a = joint_exp(np.repeat(values, counts), q, epsilon=1.0, lower=-10, upper=10, granularity=g,
+                          rng=np.random.default_rng(seed))
+            b = joint_exp(values, q, epsilon=1.0, lower=-10, upper=10, counts=counts, granularity=g,
+                          rng=np.random.default_rng(seed))
+            np.testing.assert_array_equal(a, b)
 
 
 def test_counts_match_brute_force_of_the_repeated_array():
-    values, counts = np.array([0.7, 0.2, 0.5]), np.array([1, 2, 0])
-    q = np.array([0.3, 0.7])
-    c = 2.0 / (2 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
-    probs = brute_force(np.repeat(values, counts), q, c, 0.0, 1.0)
-    _, ranks = J._sample_many(values, counts, q, c, 0.0, 1.0, np.random.default_rng(3), N_SAMPLES)
-    assert chi_square_pvalue(ranks, probs) > 1e-3
+    idx, counts = np.array([6, 2, 4, 2]), np.array([1, 2, 0, 1])
+    q = [0.3, 0.7]
+    c = c_of(q, 2.0)
+    probs = brute_force(np.repeat(idx, counts), 8, q, c)
+    assert chi_square_pvalue(draw(idx, 8, q, c, seed=3, counts=counts), probs) > 1e-3
+
+
+# ------------------------------------------------------------------------------- sensitivity
+
+
+def neighbours(idx, size):
+    """Every add/remove and every swap neighbour of a dataset of grid indices."""
+    adds = [sorted(idx + [k]) for k in range(size)]
+    removes = [idx[:r] + idx[r + 1 :] for r in range(len(idx))]
+    swaps = [sorted(idx[:r] + [k] + idx[r + 1 :]) for r in range(len(idx)) for k in range(size)]
+    return adds + removes, swaps
+
+
+def max_utility_change(datasets, size, q, relation):
+    worst = 0.0
+    for idx in datasets:
+        rho = mid_ranks(idx, size)
+        add_remove, swaps = neighbours(list(idx), size)
+        for other in add_remove if relation == "add_remove" else swaps:
+            rho2 = mid_ranks(other, size)
+            for o in itertools.combinations_with_replacement(range(size), len(q)):
+                diff = abs(utility(rho, o, len(idx), q) - utility(rho2, o, len(other), q))
+                worst = max(worst, diff)
+    return worst
+
+
+SMALL = [list(d) for n in range(0, 4) for d in itertools.combinations_with_replacement(range(4), n)]
+
+
+@pytest.mark.parametrize("q", [[0.5], [0.3, 0.6], [0.2, 0.5, 0.9]])
+@pytest.mark.parametrize("relation", ["add_remove", "swap"])
+def test_mid_rank_utility_sensitivity_is_delta(q, relation):
+    # Exhaustive: every dataset of <= 3 points on 4 grid points, every neighbour, every output.
+    q = np.array(q)
+    delta = joint_exp_sensitivity(q, NeighboringRelation(relation))
+    worst = max_utility_change(SMALL, 4, q, relation)
+    assert worst <= delta + 1e-12
+    # Power: the bound is attained, so any smaller Delta (a wrong formula) fails this check.
+    assert worst > 0.9 * delta
+
+
+def pruning_case(eps):
+    x = np.random.default_rng(8).normal(0.0, 5.0, 3000)
+    x[:600] = np.round(x[:600], 1)  # tie blocks too: point cells of one grid point
+    q = np.arange(1, 6) / 6
+    c = c_of(q, eps)
+    grid = Grid(-100.0, 100.0)
+    cells = J._grid_cells(grid.snap(x), None, grid.size)
+    return cells, q, c, grid.size
+
+
+def log_normaliser(cells, q, c, lo, hi):
+    start, width, log_width, pos, n = cells
+    fw = J._Forward(width, log_width, pos, n, q, c, lo, hi)
+    fw.run()
+    band = fw._band(q.size)
+    return np.logaddexp.reduce(fw.S_last - c * np.abs(n - pos[band] - fw.targets[-1]) + fw.nu[-1])
 
 
 @pytest.mark.parametrize("eps, lower_bound", [(1.0, "boxes"), (0.2, "boxes"), (1.0, "reference")])
@@ -234,42 +316,49 @@ def test_band_pruning_keeps_the_normaliser(eps, lower_bound, monkeypatch):
     # whichever lower bound of the normaliser sets the bands.
     if lower_bound == "reference":
         monkeypatch.setattr(J, "_box_lower_bound", lambda *args: None)
-    x = np.random.default_rng(8).normal(0.0, 5.0, 3000)
-    q = np.arange(1, 6) / 6
-    c = eps / (2 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
-    edges, log_width, pos, n = J._cells(x, None, -100.0, 100.0)
-    lo, hi = J._bands(edges, log_width, pos, n, q, c, -100.0, 100.0)
+    cells, q, c, size = pruning_case(eps)
+    start, width, log_width, pos, n = cells
+    lo, hi = J._bands(start, width, log_width, pos, n, q, c, size)
     assert (hi - lo).max() < pos.size // 2, "the test needs a case where pruning happens"
-
-    def log_z(lo, hi):
-        fw = J._Forward(log_width, pos, n, q, c, lo, hi)
-        fw.run()
-        band = fw._band(q.size)
-        last = fw.S_last - c * np.abs(n - pos[band] - fw.targets[-1]) + fw.nu[-1]
-        return np.logaddexp.reduce(last)
-
-    full = log_z(np.zeros_like(lo), np.full_like(hi, pos.size))
-    assert abs(log_z(lo, hi) - full) <= 1e-12 * abs(full)
+    full = log_normaliser(cells, q, c, np.zeros_like(lo), np.full_like(hi, pos.size))
+    assert abs(log_normaliser(cells, q, c, lo, hi) - full) <= 1e-12 * abs(full)
 
 
 def test_band_pruning_with_a_wrong_bound_is_caught(monkeypatch):
     # Power of the test above: bands cut by a bound 200 nats too optimistic lose mass.
     monkeypatch.setattr(J, "_LOG_BAND_TOL", J._LOG_BAND_TOL - 200.0)
-    x = np.random.default_rng(8).normal(0.0, 5.0, 3000)
-    q = np.arange(1, 6) / 6
-    c = 1.0 / (2 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
-    edges, log_width, pos, n = J._cells(x, None, -100.0, 100.0)
-    lo, hi = J._bands(edges, log_width, pos, n, q, c, -100.0, 100.0)
-    fw = J._Forward(log_width, pos, n, q, c, lo, hi)
-    fw.run()
-    full = J._Forward(log_width, pos, n, q, c, np.zeros_like(lo), np.full_like(hi, pos.size))
-    full.run()
+    cells, q, c, size = pruning_case(1.0)
+    start, width, log_width, pos, n = cells
+    lo, hi = J._bands(start, width, log_width, pos, n, q, c, size)
+    full = log_normaliser(cells, q, c, np.zeros_like(lo), np.full_like(hi, pos.size))
+    assert abs(log_normaliser(cells, q, c, lo, hi) - full) > 1e-9 * abs(full)
 
-    def log_z(fw):
-        band = fw._band(q.size)
-        return np.logaddexp.reduce(fw.S_last - c * np.abs(n - pos[band] - fw.targets[-1]) + fw.nu[-1])
 
-    assert abs(log_z(fw) - log_z(full)) > 1e-9 * abs(log_z(full))
+def truncation_case():
+    # Large tie blocks (cells of one grid point, where the factorial no longer helps) and wide gaps.
+    x = np.repeat([1.0, 2.0, 2.5, 4.0], [40, 300, 5, 100])
+    q = np.arange(1, 31) / 31
+    c = c_of(q, 1.0)
+    grid = Grid(0.0, 5.0, 0.01)
+    cells = J._grid_cells(grid.snap(x), None, grid.size)
+    lo, hi = J._bands(*cells, q, c, grid.size)
+    return cells, q, c, lo, hi
+
+
+def test_run_truncation_matches_all_runs(monkeypatch):
+    # The run sums stop at 2**-72 of the sum; with no truncation the normaliser is the same.
+    cells, q, c, lo, hi = truncation_case()
+    pruned = log_normaliser(cells, q, c, lo, hi)
+    monkeypatch.setattr(J, "_LOG_RUN_TOL", math.inf)
+    assert abs(pruned - log_normaliser(cells, q, c, lo, hi)) <= 1e-12 * abs(pruned)
+
+
+def test_run_truncation_with_a_wrong_tail_bound_is_caught(monkeypatch):
+    # Power of the test above: stopping at e**-5 of the sum loses visible mass.
+    cells, q, c, lo, hi = truncation_case()
+    full = log_normaliser(cells, q, c, lo, hi)
+    monkeypatch.setattr(J, "_LOG_RUN_TOL", 5.0)
+    assert abs(log_normaliser(cells, q, c, lo, hi) - full) > 1e-6 * abs(full)
 
 
 def test_kernel_sums_match_direct_sums():
@@ -338,3 +427,45 @@ def test_degenerate_data(values, counts, eps):
         out = joint_exp(values, q, epsilon=eps, lower=-100.0, upper=100.0, counts=counts, rng=np.random.default_rng(1))
     assert np.all(np.isfinite(out)) and np.all(np.diff(out) >= 0)
     assert out.min() >= -100.0 and out.max() <= 100.0
+
+
+# ------------------------------------------------------------------------------- accuracy
+
+
+def ratings():
+    import csv
+
+    out = []
+    with open(Path(__file__).resolve().parents[2] / "data" / "goodreads_books.csv", newline="",
+              encoding="utf-8") as fh:
+        for row in csv.reader(fh):
+            if len(row) != 12 or row[3] == "average_rating":  # the four malformed rows, the header
+                continue
+            out.append(float(row[3]))
+    return np.array(out)
+
+
+def mean_abs_error(x, lower, upper, reps, seed, granularity=None):
+    q = np.arange(1, 10) / 10
+    true = np.quantile(x, q, method="lower")
+    rng = np.random.default_rng(seed)
+    return np.mean([np.abs(joint_exp(x, q, epsilon=1.0, lower=lower, upper=upper, granularity=granularity,
+                                     rng=rng) - true).mean() for _ in range(reps)])
+
+
+def test_deciles_of_tied_ratings_land_on_the_ties():
+    # Goodreads average_rating (11,123 values, 209 distinct), deciles at eps = 1, 30 repetitions.
+    # Before the grid: 0.0051 (continuous outputs strictly between tie blocks). Measured now:
+    # 0.0037 (default granularity) and 0.0034 (granularity 0.01).
+    x = ratings()
+    assert x.size == 11_123
+    assert mean_abs_error(x, 0.0, 5.0, 30, seed=0) < 0.0045
+    assert mean_abs_error(x, 0.0, 5.0, 30, seed=0, granularity=0.01) < 0.0042
+
+
+def test_continuous_data_keeps_its_accuracy():
+    # 1,000 N(0, 5) values, bounds ±100, deciles, eps = 1, 30 datasets: 0.082 measured (0.089 in
+    # issue 12 before the grid; the next best tool measured 0.263).
+    gen = np.random.default_rng(5)
+    errs = [mean_abs_error(gen.normal(0.0, 5.0, 1000), -100.0, 100.0, 1, seed=s) for s in range(30)]
+    assert np.mean(errs) < 0.11

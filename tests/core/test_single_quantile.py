@@ -98,3 +98,84 @@ def test_never_lands_in_zero_width_intervals_or_outside():
     assert np.all((out >= LO) & (out <= HI))
     # At a large epsilon the mass sits in the intervals next to the ties at 2.0, never on a point.
     assert np.mean(np.abs(out - 2.0) < 8.0) > 0.9
+
+
+# ------------------------------------------------------------------------------- on the grid
+
+from dpq_spark.core.approx_quantiles import approx_quantiles  # noqa: E402
+from dpq_spark.core.grid import Grid  # noqa: E402
+
+GRID_X = np.array([0.0, 0.5, 0.5, 0.5, 1.5, 3.0, 3.0])  # ties and points on the bounds
+GRID = Grid(0.0, 3.0, 0.5)  # 7 points
+
+
+def grid_pmf(q, epsilon, sensitivity, tie=lambda t: (t + 1) / 2):
+    """P(k) ∝ exp(-eps |rho(k) - q n| / (2 Delta)), rho the mid-rank, from the definition."""
+    idx = GRID.snap(GRID_X)
+    rho = np.array([np.sum(idx < k) + (tie(np.sum(idx == k)) if np.sum(idx == k) else 0.0)
+                    for k in range(GRID.size)])
+    w = np.exp(-epsilon / (2 * sensitivity) * np.abs(rho - q * idx.size))
+    return w / w.sum()
+
+
+@pytest.fixture(scope="module")
+def grid_draws():
+    out = {}
+    rng = np.random.default_rng(77)
+    for relation, q, eps in (("swap", 0.5, 2.0), ("add_remove", 0.3, 1.5)):
+        sample = [single_quantile(GRID_X, q, epsilon=eps, lower=0.0, upper=3.0, granularity=0.5,
+                                  neighboring=relation, rng=rng) for _ in range(3 * DRAWS)]
+        out[relation] = q, eps, np.bincount(GRID.snap(sample), minlength=GRID.size)
+    return out
+
+
+def grid_p(observed, probs):
+    return stats.chisquare(observed, probs * observed.sum()).pvalue
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+def test_single_quantile_on_the_grid_matches_the_pmf(grid_draws, relation):
+    q, eps, observed = grid_draws[relation]
+    assert grid_p(observed, grid_pmf(q, eps, SENSITIVITY[relation](q))) > 1e-3
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+def test_grid_chi_square_has_power(grid_draws, relation):
+    q, eps, observed = grid_draws[relation]
+    assert grid_p(observed, grid_pmf(q, 1.3 * eps, SENSITIVITY[relation](q))) < 1e-6
+    # #{x <= k} instead of the mid-rank on tied points.
+    assert grid_p(observed, grid_pmf(q, eps, SENSITIVITY[relation](q), tie=lambda t: t)) < 1e-6
+
+
+@pytest.mark.parametrize("q", [0.2, 0.5, 0.9])
+def test_single_quantile_sensitivity_exhaustively(q):
+    # Every dataset of <= 3 points on 4 grid points, every add/remove and swap neighbour, every k:
+    # |u - u'| <= max(q, 1 - q) (add/remove) and <= 1 (swap), both attained.
+    import itertools
+
+    def rho(data):
+        data = np.asarray(data, dtype=int)
+        return np.array([np.sum(data < k) + ((np.sum(data == k) + 1) / 2 if np.sum(data == k) else 0)
+                         for k in range(4)])
+
+    worst = {"add_remove": 0.0, "swap": 0.0}
+    for n in range(4):
+        for d in itertools.combinations_with_replacement(range(4), n):
+            d = list(d)
+            u = -np.abs(rho(d) - q * n)
+            for k in range(4):
+                u2 = -np.abs(rho(d + [k]) - q * (n + 1))
+                worst["add_remove"] = max(worst["add_remove"], np.abs(u - u2).max())
+                for r in range(n):
+                    u3 = -np.abs(rho(d[:r] + [k] + d[r + 1:]) - q * n)
+                    worst["swap"] = max(worst["swap"], np.abs(u - u3).max())
+    assert worst["add_remove"] <= max(q, 1 - q) + 1e-12 and worst["add_remove"] > 0.9 * max(q, 1 - q)
+    assert worst["swap"] <= 1.0 + 1e-12 and worst["swap"] > 0.9
+
+
+def test_approx_quantiles_outputs_grid_values_and_lands_on_ties():
+    x = np.repeat([1.0, 2.0, 3.0], [100, 300, 100])
+    out = approx_quantiles(x, [0.3, 0.5, 0.7], epsilon=5.0, lower=0.0, upper=5.0, granularity=0.01,
+                           rng=np.random.default_rng(3))
+    np.testing.assert_array_equal(out, Grid(0.0, 5.0, 0.01).value(Grid(0.0, 5.0, 0.01).snap(out)))
+    assert out[1] == 2.0  # the median sits mid-block: released as the tied value

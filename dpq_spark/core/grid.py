@@ -1,0 +1,174 @@
+"""The public grid every quantile release lands on, and exact draws on it.
+
+A :class:`Grid` on ``[a, b] = [lower, upper]`` with step ``g`` (``granularity``) has the points
+``a + k g`` for ``k = 0..N``, ``N = floor((b - a) / g)`` computed exactly (on the rationals the
+float64 inputs stand for). A value is clamped to ``[a, b]`` and snapped to
+
+    k = clip(floor((x - a) / g + 0.5), 0, N)
+
+evaluated in IEEE float64 (one subtraction, one division, one addition, one floor: every step
+correctly rounded, so the JVM, Spark's built-ins and numpy give the same k bit for bit). The map is
+applied to each record on its own, so it costs no privacy. A released number is always
+``value(k) = min(b, a + k g)`` (float64, a fixed function of the integer k).
+
+Extra error from the grid: a value moves by at most ``g / 2`` (plus float64 rounding of the
+formula), except in the last partial step ``(a + N g, b]`` when ``(b - a) / g`` is not an integer,
+where it moves by less than ``g``. The default ``g = (b - a) / 2**32`` makes this ``1.2e-10`` of
+the bounds' span.
+
+:func:`draw_index` draws an index with probability exactly proportional to given float64 weights
+(no float uniform, no cumulative sum), and :func:`uniform_multiset` a uniform multiset of grid
+points, both from exact integer draws of a :class:`~dpq_spark.core._random.RandomSource`.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from dpq_spark.core._validation import check_bounds
+
+__all__ = ["Grid", "MAX_GRID_STEPS", "draw_index", "uniform_multiset"]
+
+MAX_GRID_STEPS = 2**52  # N <= 2**52: indices, ranks and grid weights stay exact in float64
+_DEFAULT_STEPS = 2**32
+
+
+class Grid:
+    """A public grid ``a + k g``, ``k = 0..N``, on ``[lower, upper]``.
+
+    Parameters
+    ----------
+    lower, upper : float
+        Public, finite bounds with ``lower < upper``.
+    granularity : float, optional
+        The step g, finite and > 0, with ``(upper - lower) / g <= 2**52``. Default
+        ``(upper - lower) / 2**32`` (float64).
+
+    Attributes
+    ----------
+    lower, upper, granularity : float
+    steps : int
+        ``N = floor((upper - lower) / granularity)``, exact.
+    size : int
+        ``N + 1``, the number of grid points.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it.
+
+    Examples
+    --------
+    >>> g = Grid(0.0, 5.0, 0.01)
+    >>> g.size, int(g.snap(3.576)), float(g.value(358))
+    (501, 358, 3.58)
+    """
+
+    __slots__ = ("lower", "upper", "granularity", "steps", "size")
+
+    def __init__(self, lower, upper, granularity=None):
+        a, b = check_bounds(lower, upper)
+        if granularity is None:
+            g = (b - a) / _DEFAULT_STEPS
+        else:
+            g = check_granularity(granularity)
+        if not (g > 0.0 and math.isfinite(g)):  # default on a tiny span: subnormal underflow
+            raise ValueError(f"`granularity` must be finite and > 0, got {granularity!r}")
+        steps = math.floor((Fraction(b) - Fraction(a)) / Fraction(g))
+        if steps > MAX_GRID_STEPS:
+            raise ValueError(
+                f"`granularity` must give at most 2**52 steps on [lower, upper], got {granularity!r}"
+            )
+        self.lower, self.upper, self.granularity = a, b, g
+        self.steps = int(steps)
+        self.size = self.steps + 1
+
+    def __repr__(self) -> str:
+        return f"Grid(lower={self.lower!r}, upper={self.upper!r}, granularity={self.granularity!r})"
+
+    def snap(self, x) -> np.ndarray:
+        """Grid index of each value: ``clip(floor((clamp(x) - a) / g + 0.5), 0, N)`` (int64)."""
+        x = np.clip(np.asarray(x, dtype=np.float64), self.lower, self.upper)
+        k = np.floor((x - self.lower) / self.granularity + 0.5)
+        return np.clip(k, 0, self.steps).astype(np.int64)
+
+    def value(self, k) -> np.ndarray:
+        """The float64 value of grid index ``k``: ``min(b, a + k g)``, a fixed function of k."""
+        k = np.asarray(k, dtype=np.int64)
+        return np.minimum(self.upper, self.lower + k.astype(np.float64) * self.granularity)
+
+
+def check_granularity(granularity, name: str = "granularity") -> float:
+    """Return ``granularity`` as a float; it must be finite and > 0."""
+    if isinstance(granularity, bool) or not isinstance(granularity, (int, float, np.integer, np.floating)):
+        raise TypeError(f"`{name}` must be a real number, got {type(granularity).__name__}")
+    g = float(granularity)
+    if not (math.isfinite(g) and g > 0.0):
+        raise ValueError(f"`{name}` must be finite and > 0, got {granularity!r}")
+    return g
+
+
+# --------------------------------------------------------------------------------------------
+# Exact draws
+
+_LEVELS = 1100  # float64 weights in (0, 1] have frexp exponents in [-1073, 1]
+
+
+def draw_index(log_w: np.ndarray, source) -> int:
+    """An index ``r`` drawn with probability exactly ``w_r / sum(w)``, ``w = exp(log_w - max)``.
+
+    The weights ``w_r`` are the float64 numbers computed here (each within 1 ulp of the real
+    ``exp``; those below 2**-1074 of the largest are 0). They are sampled exactly by rejection:
+    write ``w_r = f_r 2**-L_r`` with ``f_r`` in [1/2, 1) (53-bit mantissa); choose a level L with
+    probability proportional to ``count_L 2**-L`` (exact integer arithmetic), a uniform index of
+    that level, and accept it with probability ``f_r`` (a 53-bit integer comparison); else start
+    again. Each round accepts with probability at least 1/2.
+    """
+    log_w = np.asarray(log_w, dtype=np.float64)
+    top = float(np.max(log_w))
+    if log_w.size == 1:
+        return 0
+    w = np.exp(log_w - top)
+    mant, expo = np.frexp(w)
+    level = np.where(w > 0.0, 1 - expo, _LEVELS)
+    per_level = np.bincount(level, minlength=_LEVELS + 1)[:_LEVELS]
+    used = np.flatnonzero(per_level)
+    deepest = int(used[-1])
+    # Level L carries count_L * 2**(deepest - L) units of 2**-deepest.
+    units = [int(per_level[L]) << (deepest - int(L)) for L in used]
+    total = sum(units)
+    mant_int = None
+    while True:
+        u = source.below(total)
+        for L, size in zip(used, units):
+            if u < size:
+                break
+            u -= size
+        members = np.flatnonzero(level == L)
+        r = int(members[source.below(members.size)])
+        if mant_int is None:
+            mant_int = {}
+        f = mant_int.get(r)
+        if f is None:
+            f = int(mant[r] * 2.0**53)  # exact: a 53-bit mantissa
+            mant_int[r] = f
+        if source.below(2**53) < f:
+            return r
+
+
+def uniform_multiset(source, width: int, k: int) -> np.ndarray:
+    """A uniform multiset of ``k`` points of ``{0, .., width - 1}``, sorted (int64).
+
+    Stars and bars: a uniform k-subset of ``{0, .., width + k - 2}`` (Floyd's algorithm, exact
+    integer draws), sorted, minus ``0, 1, .., k - 1``. Each of the ``C(width + k - 1, k)``
+    multisets has the same probability.
+    """
+    top = int(width) + int(k) - 1
+    chosen: set[int] = set()
+    for j in range(top - k, top):
+        t = source.below(j + 1)
+        chosen.add(j if t in chosen else t)
+    return np.array(sorted(chosen), dtype=np.int64) - np.arange(k, dtype=np.int64)
