@@ -45,7 +45,7 @@ class RandomSource:
         Short description for logs (never a seed).
     """
 
-    __slots__ = ("_read", "cryptographic", "name", "_legacy", "_buffer", "_pos", "_pool",
+    __slots__ = ("_read", "cryptographic", "name", "_buffer", "_pos", "_pool",
                  "_pool_bits", "__weakref__")
 
     #: Small reads are served from a buffer of this many bytes, refilled from ``read_bytes``: one
@@ -62,7 +62,6 @@ class RandomSource:
         self._read = read_bytes
         self.cryptographic = bool(cryptographic)
         self.name = name
-        self._legacy = None
         self._buffer = b""
         self._pos = 0
         self._pool = 0
@@ -72,18 +71,6 @@ class RandomSource:
     def _forget(self) -> None:
         """Drop the buffered bytes and bits (called in a forked child: never replay the parent's)."""
         self._buffer, self._pos, self._pool, self._pool_bits = b"", 0, 0, 0
-
-    def __getattr__(self, attr):
-        # TRANSITIONAL (issue 9): lets call sites not yet moved to exact integer sampling keep
-        # using numpy.random.Generator methods. To be deleted once no sampler uses it.
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        if self._legacy is None:
-            self._legacy = self.public_generator()
-        return getattr(self._legacy, attr)
-
-    def __repr__(self) -> str:
-        return f"RandomSource({self.name})"
 
     def bytes(self, k: int) -> bytes:
         """``k`` uniformly random bytes."""

@@ -36,6 +36,16 @@ from dpq_spark.core.smooth_sensitivity import (
 __all__ = ["smooth", "csmooth", "csmooth_parameters"]
 
 
+def _continuous_noise(rng) -> np.random.Generator:
+    """A numpy generator for these two mechanisms' float noise, seeded with 256 bits of ``rng``.
+
+    The one place outside the exact samplers where float noise is drawn: Smooth and CSmooth are
+    not float-safe by design (module docstring), so their noise comes from numpy's float
+    samplers, keyed from the resolved source (the OS CSPRNG unless a test passes a seed).
+    """
+    return resolve_rng(rng).public_generator()
+
+
 def _sorted(request: QuantileRequest, x, c, name: str) -> SortedData:
     data = sort_data(x, c, request.lower, request.upper)
     if data.n == 0 and request.neighboring is NeighboringRelation.SWAP:
@@ -129,7 +139,7 @@ def smooth(
     request, x, c = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    gen = resolve_rng(rng)
+    gen = _continuous_noise(rng)
     data = _sorted(request, x, c, "smooth")
     eps_each = request.epsilon / request.m
     beta = eps_each / (2.0 * math.log(2.0 * request.m / dlt))
@@ -256,7 +266,7 @@ def csmooth(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
     ts = _check_t(t, request.m)
-    gen = resolve_rng(rng)
+    gen = _continuous_noise(rng)
     data = _sorted(request, x, c, "csmooth")
     eps_each = request.epsilon / math.sqrt(request.m)
     out = np.empty(request.m)

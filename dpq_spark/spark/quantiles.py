@@ -200,7 +200,7 @@ def _plan(req: QuantileRequest, key_table):
         eps_quantiles = req.epsilon - eps_select
         threshold = selection_threshold(eps_select, req.delta, g)
         noise_scale = laplace_scale(eps_select, g)
-    seed = lambda: int(req.rng.integers(0, _SEED_HIGH))  # noqa: E731
+    seed = req.rng.seed63
     row_seed, group_seed = seed(), seed()
     # Fresh OS entropy in every worker call unless the caller passed a Generator (tests).
     base_seed = seed() if req.seeded else None
