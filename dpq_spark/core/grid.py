@@ -28,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpq_spark.core._validation import check_bounds
+from dpq_spark.core._validation import check_bounds, check_granularity
 
 __all__ = ["Grid", "MAX_GRID_STEPS", "draw_index", "uniform_multiset"]
 
@@ -99,16 +99,6 @@ class Grid:
         """The float64 value of grid index ``k``: ``min(b, a + k g)``, a fixed function of k."""
         k = np.asarray(k, dtype=np.int64)
         return np.minimum(self.upper, self.lower + k.astype(np.float64) * self.granularity)
-
-
-def check_granularity(granularity, name: str = "granularity") -> float:
-    """Return ``granularity`` as a float; it must be finite and > 0."""
-    if isinstance(granularity, bool) or not isinstance(granularity, (int, float, np.integer, np.floating)):
-        raise TypeError(f"`{name}` must be a real number, got {type(granularity).__name__}")
-    g = float(granularity)
-    if not (math.isfinite(g) and g > 0.0):
-        raise ValueError(f"`{name}` must be finite and > 0, got {granularity!r}")
-    return g
 
 
 # --------------------------------------------------------------------------------------------

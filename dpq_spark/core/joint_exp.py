@@ -200,10 +200,10 @@ def joint_exp(
     ...           rng=np.random.default_rng(1)).round(1)  # doctest: +SKIP
     array([-3.4,  0. ,  3.4])
     """
+    grid = Grid(lower, upper, granularity)  # public arguments first
     request, x, c_arr = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
     delta_u = joint_exp_sensitivity(request.quantiles, request.neighboring)
     c = request.epsilon / (2.0 * delta_u)
