@@ -1,8 +1,10 @@
 """The public grid every quantile release lands on, and exact draws on it.
 
 A :class:`Grid` on ``[a, b] = [lower, upper]`` with step ``g`` (``granularity``) has the points
-``a + k g`` for ``k = 0..N``, ``N = floor((b - a) / g)`` computed exactly (on the rationals the
-float64 inputs stand for). A value is clamped to ``[a, b]`` and snapped to
+``a + k g`` for ``k = 0..N``, ``N = floor((b - a) / g)`` computed exactly on the rationals the
+float64 inputs stand for, except that a ratio within a relative ``2**-40`` of an integer is
+rounded to it (``Grid(0, 5, 0.01)`` has N = 500 although the double 0.01 is a little above 1/100;
+its last point ``min(b, a + N g)`` is then b). A value is clamped to ``[a, b]`` and snapped to
 
     k = clip(floor((x - a) / g + 0.5), 0, N)
 
@@ -51,7 +53,8 @@ class Grid:
     ----------
     lower, upper, granularity : float
     steps : int
-        ``N = floor((upper - lower) / granularity)``, exact.
+        ``N = floor((upper - lower) / granularity)``, exact (a ratio within ``2**-40`` of an
+        integer counts as that integer).
     size : int
         ``N + 1``, the number of grid points.
 
@@ -77,7 +80,11 @@ class Grid:
             g = check_granularity(granularity)
         if not (g > 0.0 and math.isfinite(g)):  # default on a tiny span: subnormal underflow
             raise ValueError(f"`granularity` must be finite and > 0, got {granularity!r}")
-        steps = math.floor((Fraction(b) - Fraction(a)) / Fraction(g))
+        ratio = (Fraction(b) - Fraction(a)) / Fraction(g)  # exact
+        steps = math.floor(ratio)
+        nearest = round(ratio)
+        if abs(ratio - nearest) <= ratio * Fraction(1, 2**40):
+            steps = nearest  # a decimal step (0.01 is not a double) still reaches `upper`
         if steps > MAX_GRID_STEPS:
             raise ValueError(
                 f"`granularity` must give at most 2**52 steps on [lower, upper], got {granularity!r}"

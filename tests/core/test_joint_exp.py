@@ -105,6 +105,8 @@ def test_grid_default_and_formula():
     assert g.value(2**32) == 100.0 and g.value(0) == -100.0
     h = Grid(0.0, 1.0, 0.3)  # 1 / 0.3 is not an integer: N = 3, the last step is partial
     assert h.steps == 3 and h.snap([0.14, 0.16, 0.99, 1.0]).tolist() == [0, 1, 3, 3]
+    r = Grid(0.0, 5.0, 0.01)  # the double 0.01 exceeds 1/100, yet the grid reaches 5.0
+    assert r.steps == 500 and r.snap(5.0) == 500 and r.value(500) == 5.0 and r.value(358) == 3.58
 
 
 def test_error_messages_do_not_echo_private_values():
