@@ -7,12 +7,18 @@ the data are generated before the clock starts, and the figure reported is the b
 
     .venv/bin/python benchmarks/bench_joint_exp.py            # all cases
     .venv/bin/python benchmarks/bench_joint_exp.py --quick    # small cases only
+    .venv/bin/python benchmarks/bench_joint_exp.py --compare /tmp/old-main   # side by side
+
+``--compare PATH`` times the code of another checkout (e.g. ``git worktree add --detach
+/tmp/old-main main``) in the same run, alternating old and new children, and prints the ratio:
+on a loaded machine only such side-by-side ratios mean anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -54,12 +60,14 @@ CHILD = textwrap.dedent(
 )
 
 
-def run_case(n, m, total, repeat):
+def run_case(n, m, total, repeat, path=None):
+    env = None if path is None else dict(os.environ, PYTHONPATH=path)
     out = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps([n, m, total, repeat])],
         check=True,
         capture_output=True,
         text=True,
+        env=env,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -72,7 +80,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="run only the small cases")
     parser.add_argument("--repeat", type=int, default=3, help="calls per case; the best is kept")
+    parser.add_argument("--compare", metavar="PATH", help="also time the checkout at PATH, side by side")
     args = parser.parse_args(argv)
+    if args.compare:
+        return compare(args)
     header = f"{'case':40} {'time':>9} {'target':>8} {'authors':>8} | {'peak RSS':>10} {'in-call':>10} {'target':>9} {'authors':>9}"
     print(header)
     print("-" * len(header))
@@ -88,6 +99,20 @@ def main(argv=None):
             f"{res['rss_mib']:7.0f} MiB {res['traced_mib']:6.0f} MiB {fmt(mem_target, 'MiB'):>9} "
             f"{fmt(a_mib, 'MiB'):>9} {'ok' if ok else 'MISSED'}"
         )
+
+
+def compare(args):
+    """Best of three alternating rounds per side; prints old, new and new/old."""
+    print(f"{'case':40} {'old':>9} {'new':>9} {'new/old':>8}")
+    for label, n, m, total, *_ in CASES:
+        if args.quick and label not in QUICK:
+            continue
+        repeat = 1 if n >= 10_000_000 else args.repeat
+        old, new = [], []
+        for _ in range(3):
+            old.append(run_case(n, m, total, repeat, args.compare)["seconds"])
+            new.append(run_case(n, m, total, repeat)["seconds"])
+        print(f"{label:40} {min(old):8.3f}s {min(new):8.3f}s {min(new) / min(old):8.2f}", flush=True)
 
 
 if __name__ == "__main__":

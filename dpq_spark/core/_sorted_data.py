@@ -4,6 +4,11 @@ A dataset ``x_1 <= ... <= x_n`` (after clamping to ``[lower, upper]``) is held a
 values ``v_0 < ... < v_{d-1}`` and the cumulative counts ``cum[r] = #{i : x_i <= v_r}``. Repeated
 values and integer multiplicities (``counts``) therefore give the same object, so every mechanism
 that reads only this object treats ``counts`` exactly like ``np.repeat(values, counts)``.
+
+The grid mechanisms (IndExp, AppIndExp, ApproxQuantiles, via
+:mod:`dpq_spark.core.single_quantile`) build it from *grid indices* (``Grid.snap`` of the values,
+clamped to ``[0, N]``): ``values`` then holds distinct indices as float64, exact below 2**53, and
+:meth:`SortedData.restrict` splits on index ranges.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ __all__ = [
     "check_counts",
     "check_positive_int",
     "check_grid_indices",
+    "check_granularity",
 ]
 
 
@@ -159,3 +160,13 @@ def check_grid_indices(k, size: int, name: str = "k") -> np.ndarray:
     if idx.size and (idx.min() < 0 or idx.max() >= size):
         raise ValueError(f"`{name}` must lie in [0, grid_size) = [0, {size})")
     return idx
+
+
+def check_granularity(granularity, name: str = "granularity") -> float:
+    """Return ``granularity`` as a float; it must be finite and > 0."""
+    if isinstance(granularity, bool) or not _is_real(granularity):
+        raise TypeError(f"`{name}` must be a real number, got {type(granularity).__name__}")
+    g = float(granularity)
+    if not (math.isfinite(g) and g > 0.0):
+        raise ValueError(f"`{name}` must be finite and > 0, got {granularity!r}")
+    return g

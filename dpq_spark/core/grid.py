@@ -1,8 +1,10 @@
 """The public grid every quantile release lands on, and exact draws on it.
 
 A :class:`Grid` on ``[a, b] = [lower, upper]`` with step ``g`` (``granularity``) has the points
-``a + k g`` for ``k = 0..N``, ``N = floor((b - a) / g)`` computed exactly (on the rationals the
-float64 inputs stand for). A value is clamped to ``[a, b]`` and snapped to
+``a + k g`` for ``k = 0..N``, ``N = floor((b - a) / g)`` computed exactly on the rationals the
+float64 inputs stand for, except that a ratio within a relative ``2**-40`` of an integer is
+rounded to it (``Grid(0, 5, 0.01)`` has N = 500 although the double 0.01 is a little above 1/100;
+its last point ``min(b, a + N g)`` is then b). A value is clamped to ``[a, b]`` and snapped to
 
     k = clip(floor((x - a) / g + 0.5), 0, N)
 
@@ -28,7 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpq_spark.core._validation import check_bounds
+from dpq_spark.core._validation import check_bounds, check_granularity
 
 __all__ = ["Grid", "MAX_GRID_STEPS", "draw_index", "uniform_multiset"]
 
@@ -51,7 +53,8 @@ class Grid:
     ----------
     lower, upper, granularity : float
     steps : int
-        ``N = floor((upper - lower) / granularity)``, exact.
+        ``N = floor((upper - lower) / granularity)``, exact (a ratio within ``2**-40`` of an
+        integer counts as that integer).
     size : int
         ``N + 1``, the number of grid points.
 
@@ -77,7 +80,11 @@ class Grid:
             g = check_granularity(granularity)
         if not (g > 0.0 and math.isfinite(g)):  # default on a tiny span: subnormal underflow
             raise ValueError(f"`granularity` must be finite and > 0, got {granularity!r}")
-        steps = math.floor((Fraction(b) - Fraction(a)) / Fraction(g))
+        ratio = (Fraction(b) - Fraction(a)) / Fraction(g)  # exact
+        steps = math.floor(ratio)
+        nearest = round(ratio)
+        if abs(ratio - nearest) <= ratio * Fraction(1, 2**40):
+            steps = nearest  # a decimal step (0.01 is not a double) still reaches `upper`
         if steps > MAX_GRID_STEPS:
             raise ValueError(
                 f"`granularity` must give at most 2**52 steps on [lower, upper], got {granularity!r}"
@@ -99,16 +106,6 @@ class Grid:
         """The float64 value of grid index ``k``: ``min(b, a + k g)``, a fixed function of k."""
         k = np.asarray(k, dtype=np.int64)
         return np.minimum(self.upper, self.lower + k.astype(np.float64) * self.granularity)
-
-
-def check_granularity(granularity, name: str = "granularity") -> float:
-    """Return ``granularity`` as a float; it must be finite and > 0."""
-    if isinstance(granularity, bool) or not isinstance(granularity, (int, float, np.integer, np.floating)):
-        raise TypeError(f"`{name}` must be a real number, got {type(granularity).__name__}")
-    g = float(granularity)
-    if not (math.isfinite(g) and g > 0.0):
-        raise ValueError(f"`{name}` must be finite and > 0, got {granularity!r}")
-    return g
 
 
 # --------------------------------------------------------------------------------------------

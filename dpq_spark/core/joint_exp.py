@@ -1,35 +1,89 @@
-"""JointExp: m differentially private quantiles from one exponential-mechanism draw.
+"""JointExp: m differentially private quantiles from one exponential-mechanism draw, on a grid.
 
 Gillenwater, Joseph and Kulesza, "Differentially Private Quantiles", ICML 2021. The math, with the
-choices made for dpq_spark, is in ``shared/papers/ALGORITHMS.md`` section 1; this module samples
-that distribution exactly, in log space, with O(m) memory per cell of the band it works on.
+choices made for dpq_spark, is in ``shared/papers/ALGORITHMS.md`` section 1. dpq_spark runs the
+mechanism over a finite public grid (issue 9): the paper's continuous outputs and float uniforms
+are replaced by grid points drawn with exact integer draws.
 
-Notation (as in ALGORITHMS.md). The clamped data and the bounds split [lower, upper] into *cells*
-``[e_i, e_{i+1})`` of positive width ``w_i`` between consecutive distinct values; ``p_i`` is the
-number of data points ``<= e_i`` (the rank of any output in cell i). Zero-width intervals of the
-paper (duplicates, points on a bound) have probability 0 and are simply not cells. Targets
-``t_j = (q_j - q_{j-1}) n`` for j = 1..m+1, cumulative targets ``P_j = q_j n``, ``c = eps / (2 Delta)``
-and the kernel ``phi_j(g) = exp(-c |g - t_j|)``.
+The distribution. :class:`~dpq_spark.core.grid.Grid` ``(lower, upper, granularity)`` has points
+``k = 0..N`` (value ``a + k g``); every value is clamped and snapped to its nearest point (a
+per-record map; extra error at most ``g / 2``). Outputs are sorted m-tuples ``o_1 <= ... <= o_m``
+of grid points, drawn with probability proportional to ``exp(c u(o))``, ``c = eps / (2 Delta)``,
+
+    u(o) = -sum_{j=1}^{m+1} |(rho(o_j) - rho(o_{j-1})) - (q_j - q_{j-1}) n|,
+    rho(o_0) = 0, rho(o_{m+1}) = n,
+
+with the *mid-rank* ``rho(k) = #{x < k} + f(#{x = k})``, ``f(0) = 0``, ``f(t) = (t + 1) / 2``
+(``t = 1``: ``#{x <= k}``). A tied value's rank sits in the middle of its block, so a quantile in
+the middle half of a tie block is released *as* the tied value (not strictly between blocks).
+
+Sensitivity (``Delta`` of :func:`~dpq_spark.core.privacy.joint_exp_sensitivity`; checked
+exhaustively on small cases in the tests). Adding a point x shifts rho by 0 below x, by
+``f(t+1) - f(t)`` in [0, 1] at x and by 1 above x: a nondecreasing shift from 0 (``o_0``) to 1
+(``o_{m+1}``, n -> n + 1), so the m + 1 rank gaps grow by non-negative amounts ``e_j`` summing to 1,
+on at most two gaps. Swap (remove then add, n fixed): the rank part of u moves by at most 1 + 1 = 2.
+Add/remove: the targets move by ``g_j = q_j - q_{j-1}`` too, so u moves by at most
+``sum_j |e_j - g_j| = 2 TV(e, g) = 2 (1 - sum_j min(e_j, g_j)) <= 2 (1 - min_j g_j)`` (with e on
+one gap ``j0``, ``sum min >= g_{j0}``; on two gaps ``s, 1 - s``, ``sum min`` is ``1``, or at least
+one of ``g_{j0}``, ``g_{j0+1}``). Removal is symmetric. Any f with ``0 <= f(t+1) - f(t) <= 1``
+gives the same Delta.
+
+Cells (notation as in ALGORITHMS.md, in grid units). Maximal runs of grid points of equal rho: the
+gap before the first data point (rank 0); for each distinct data index d with t copies and
+``lo = #{x < d}``: if t = 1, the cell ``[d, next)`` of rank ``lo + 1``; if t >= 2, the point cell
+``{d}`` (rank ``lo + (t + 1)/2``), then the gap ``(d, next)`` (rank ``lo + t``) if not empty.
+Ranks ``p_i`` strictly increase (half-integers); ``w_i`` is the integer number of grid points.
+For continuous data (no ties) these are exactly the paper's cells. Targets
+``t_j = (q_j - q_{j-1}) n``, ``P_j = q_j n``, kernel ``phi_j(g) = exp(-c |g - t_j|)``.
 
 Three facts make the sampler fast without changing its distribution:
 
-1. *Runs.* Several outputs in one cell carry ``w^k / k!``; the weight of a run of k outputs ending
-   at output j in cell i is ``A_{j-k+1}(i) * prod_{t=j-k+2..j} (phi_t(0) w_i) / k!`` where ``A`` is
-   the one-output ("k = 1") slice, so only ``A`` is stored. The sum over k stops once an upper
-   bound on the remaining terms is below ``2**-72`` of the sum so far (:func:`_run_sums`).
-2. *Toeplitz steps in O(K).* The kernel is two-sided geometric in the gap, so
+1. *Runs.* k outputs in one cell of w points are ``C(w + k - 1, k) = w R_k(w)`` multisets,
+   ``R_k(w) = Gamma(w + k) / (Gamma(k + 1) Gamma(w + 1))``; the weight of a run of k outputs
+   ending at output j in cell i is ``A_{j-k+1}(i) * prod_{t=j-k+2..j} phi_t(0) * R_k(w_i)`` where
+   ``A`` is the one-output ("k = 1") slice, so only ``A`` is stored. With
+   ``rho_k(w) = log R_k(w) - (k - 1) log w``, ``rho_{k+1} - rho_k = log((w + k) / (w (k + 1))) <= 0``,
+   so the remaining terms k..j are at most ``(j - k + 1)`` times the bound of term k; the sum
+   stops once that is below ``2**-72`` of the sum so far, per cell (:meth:`_Forward.run_sums`).
+2. *Toeplitz steps in O(K).* The kernel is two-sided geometric in the rank gap, so
    ``sum_{i'} phi_j(p_i - p_{i'}) exp(S(i'))`` splits into a causal part (gap >= t_j, a decaying
    running sum) and a window part (gap < t_j) read from suffix/prefix scans within blocks of
-   positions of length ``0.75 t_j`` (van Herk / Gil-Werman). Every sum adds positive terms only
+   positions of length ``0.75 t_j`` (van Herk / Gil-Werman); only the order of positions matters,
+   so half-integer ranks change nothing. Every sum adds positive terms only
    (:mod:`dpq_spark.core._logscan`), so small entries keep their relative precision.
-3. *Bands.* Any output sequence with output j in cell i has utility ``<= -2 |p_i - P_j|`` (triangle
-   inequality on the first j gaps and on the last m+1-j), so the mass of all sequences through
-   (j, i) is at most ``exp(-2c |p_i - P_j|) w_i (b-a)^{m-1} / ((j-1)! (m-j)!)``. The normaliser is at
-   least the mass of one reference sequence near the true quantiles, and at least that of a product
-   of disjoint boxes around them (:func:`_box_lower_bound`). Cells whose bound, summed over
-   every pruned (j, i), stays below ``2**-60`` of that lower bound are left out of step j
-   (:func:`_bands`). Leaving them out changes every probability the sampler uses by a relative
-   amount below ``2**-60``, under float64's own rounding of the normalised weights (``2**-53``).
+3. *Bands.* Any output tuple with output j in cell i has utility ``<= -2 |p_i - P_j|`` (triangle
+   inequality on the first j gaps and on the last m+1-j), and there are at most
+   ``w_i (S + m)^{m-1} / ((j-1)! (m-j)!)`` such tuples (``S = N + 1`` grid points; sorted r-tuples
+   of S points number ``C(S + r - 1, r) <= (S + m)^r / r!``). The normaliser is at least the mass of
+   one reference cell sequence near the true quantiles, and at least that of a product of disjoint
+   boxes around them (:func:`_box_lower_bound`; a box's size is its number of grid points). Cells
+   whose bound, summed over every pruned (j, i) (``sum_i w_i <= S``, m values of j), stays below
+   ``2**-60`` of that lower bound are left out of step j (:func:`_bands`).
+
+Exact draws. The cell sequence is drawn backwards (last output's cell, then run lengths and
+predecessor cells) by :func:`~dpq_spark.core.grid.draw_index`, which picks index r with
+probability *exactly* ``w~_r / sum w~`` for the float64 weights ``w~_r = exp(l~_r - max l~)`` it
+computes (rejection on mantissas and exponents with exact integer draws; no float uniform, no
+cumulative sum). Each run of k outputs in a cell of w points then gets a uniform multiset of k of
+its grid points (:func:`~dpq_spark.core.grid.uniform_multiset`: a uniform k-subset of
+``[0, w + k - 1)``, minus ``0..k-1``). Released numbers are ``Grid.value(k)``.
+
+Guarantee as implemented. Write ``P`` for the exact mechanism above and ``P~`` for what the code
+samples. (i) Band pruning: ``P~`` targets ``P`` conditioned on the kept cells, which differs from
+``P`` by total variation ``< 2**-60``. (ii) Run truncation: every run sum is low by a relative
+``<= 2**-72``; positive sums compound this to ``<= m 2**-72`` on any weight. (iii) Forward-pass
+rounding: every log weight ``l~`` is a sum/log-sum-exp chain of at most ``16 m`` correctly rounded
+float64 operations on numbers of magnitude at most ``M = 3 c n + m log(S + m) + 800``, so its
+absolute error is at most ``gamma = 16 m 2**-52 M`` (first-order error analysis; not
+machine-checked). (iv) ``exp`` rounds with relative error ``2**-52``; weights below ``2**-1074``
+of the largest underflow to 0 (total variation ``< K 2**-1074``). Each conditional probability
+of the backward pass (at most 2m of them) is a ratio of such weights, so every output's
+probability under ``P~`` is within a factor ``exp(theta)`` of the pruned target, with
+``theta = 4 m (gamma + 2**-52) + m 2**-71``. Hence the implementation is
+``(epsilon + eta, delta)``-DP with ``eta = 2 theta`` and
+``delta = (1 + exp(epsilon + eta)) 2**-59``. Example: n = 1e6, m = 30, eps = 1 (c = 0.26):
+``M = 7.8e5``, ``gamma = 8.3e-8``, ``eta = 2.0e-5``, ``delta = 6.5e-18``. The uniform draws
+inside cells are exact. (Exact "interval refining" that removes ``eta`` is not implemented.)
 """
 
 from __future__ import annotations
@@ -121,8 +175,8 @@ def joint_exp(
     privacy is one row. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are
     public (not derived from the data). The implementation samples it from float64 weights with
     exact random draws; what it guarantees is ``(epsilon + eta, delta)``-DP with the ``eta`` and
-    ``delta`` of the module docstring (section "Guarantee as implemented"), below ``1e-6 *
-    epsilon``-scale and ``2**-55`` for every input this library accepts.
+    ``delta`` of the module docstring (section "Guarantee as implemented"); for example
+    ``eta = 2.0e-5``, ``delta = 6.5e-18`` at n = 1e6, m = 30, epsilon = 1.
 
     Notes
     -----
@@ -146,10 +200,10 @@ def joint_exp(
     ...           rng=np.random.default_rng(1)).round(1)  # doctest: +SKIP
     array([-3.4,  0. ,  3.4])
     """
+    grid = Grid(lower, upper, granularity)  # public arguments first
     request, x, c_arr = validate_request(
         values, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighboring=neighboring, counts=counts
     )
-    grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
     delta_u = joint_exp_sensitivity(request.quantiles, request.neighboring)
     c = request.epsilon / (2.0 * delta_u)

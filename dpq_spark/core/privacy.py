@@ -37,10 +37,12 @@ class NeighboringRelation(str, enum.Enum):
 
 
 def joint_exp_sensitivity(quantiles: np.ndarray, neighboring: NeighboringRelation) -> float:
-    """Sensitivity of JointExp's utility ``u(o) = -sum_j |#[o_{j-1}, o_j) - (q_j - q_{j-1}) n|``.
+    """Sensitivity of JointExp's utility ``u(o) = -sum_j |rho(o_j) - rho(o_{j-1}) - (q_j - q_{j-1}) n|``.
 
+    ``rho`` is the mid-rank on the public grid (``#{x < k} + (t + 1) / 2`` with t points on k).
     Swap: 2, whatever m is. Add/remove: ``2 (1 - min_j (q_j - q_{j-1}))`` with ``q_0 = 0`` and
-    ``q_{m+1} = 1`` (Gillenwater, Joseph and Kulesza 2021, Lemma 3 and Appendix A).
+    ``q_{m+1} = 1`` (Gillenwater, Joseph and Kulesza 2021, Lemma 3 and Appendix A; the mid-rank
+    keeps these values, proof in :mod:`dpq_spark.core.joint_exp`).
     """
     if neighboring is NeighboringRelation.SWAP:
         return 2.0
@@ -49,9 +51,10 @@ def joint_exp_sensitivity(quantiles: np.ndarray, neighboring: NeighboringRelatio
 
 
 def single_quantile_sensitivity(q: float, neighboring: NeighboringRelation) -> float:
-    """Sensitivity of the single-quantile utility ``-|#(x < o) - q n|`` (Smith 2011).
+    """Sensitivity of the single-quantile utility ``-|rho(o) - q n|`` (Smith 2011).
 
-    Swap: 1. Add/remove: ``max(q, 1 - q)``.
+    ``rho`` is the mid-rank on the public grid; adding a point moves it by an amount in [0, 1]
+    and ``q n`` by q. Swap: 1. Add/remove: ``max(q, 1 - q)``.
     """
     if neighboring is NeighboringRelation.SWAP:
         return 1.0

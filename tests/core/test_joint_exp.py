@@ -61,6 +61,11 @@ def call(**overrides):
         (dict(counts=[1.5, 2, 3]), ValueError, r"`counts` must hold whole numbers"),
         (dict(counts=[2**53, 2, 1]), ValueError, r"`counts` must sum to at most 2\*\*53"),
         (dict(neighboring="replace"), ValueError, r"`neighboring` must be one of 'add_remove', 'swap'"),
+        (dict(granularity=0.0), ValueError, r"`granularity` must be finite and > 0, got 0.0"),
+        (dict(granularity=-1.0), ValueError, r"`granularity` must be finite and > 0"),
+        (dict(granularity=math.inf), ValueError, r"`granularity` must be finite and > 0"),
+        (dict(granularity="0.1"), TypeError, r"`granularity` must be a real number"),
+        (dict(granularity=1e-300), ValueError, r"`granularity` must give at most 2\*\*52 steps"),
     ],
 )
 def test_invalid_arguments_are_refused(overrides, error, match):
@@ -71,6 +76,37 @@ def test_invalid_arguments_are_refused(overrides, error, match):
 def test_rng_must_be_a_generator():
     with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator, a RandomSource or None, got int"):
         joint_exp([1.0], [0.5], epsilon=1.0, lower=0.0, upper=1.0, rng=7)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        (dict(k=[0, 9]), ValueError, r"`k` must lie in \[0, grid_size\) = \[0, 9\)"),
+        (dict(k=[-1]), ValueError, r"`k` must lie in \[0, grid_size\)"),
+        (dict(k=[0.5]), TypeError, r"`k` must hold integers"),
+        (dict(grid_size=0), ValueError, r"`grid_size` must be >= 1, got 0"),
+        (dict(grid_size=2**53), ValueError, r"`grid_size` must be <= 2\*\*52 \+ 1"),
+        (dict(counts=[1]), ValueError, r"`counts` must be 1-d with the same length"),
+        (dict(epsilon=0.0), ValueError, r"`epsilon` must be finite and > 0"),
+    ],
+)
+def test_joint_exp_indices_refuses_bad_arguments(overrides, error, match):
+    kwargs = dict(k=[0, 3, 8], counts=None, grid_size=9, quantiles=Q3, epsilon=1.0)
+    kwargs.update(overrides)
+    with pytest.raises(error, match=match):
+        joint_exp_indices(kwargs.pop("k"), kwargs.pop("counts"), kwargs.pop("grid_size"), kwargs.pop("quantiles"),
+                          **kwargs, rng=np.random.default_rng(0))
+
+
+def test_grid_default_and_formula():
+    g = Grid(-100.0, 100.0)
+    assert g.granularity == 200.0 / 2**32 and g.steps == 2**32 and g.size == 2**32 + 1
+    assert g.snap([-1e300, 100.0, np.inf]).tolist() == [0, 2**32, 2**32]
+    assert g.value(2**32) == 100.0 and g.value(0) == -100.0
+    h = Grid(0.0, 1.0, 0.3)  # 1 / 0.3 is not an integer: N = 3, the last step is partial
+    assert h.steps == 3 and h.snap([0.14, 0.16, 0.99, 1.0]).tolist() == [0, 1, 3, 3]
+    r = Grid(0.0, 5.0, 0.01)  # the double 0.01 exceeds 1/100, yet the grid reaches 5.0
+    assert r.steps == 500 and r.snap(5.0) == 500 and r.value(500) == 5.0 and r.value(358) == 3.58
 
 
 def test_error_messages_do_not_echo_private_values():
