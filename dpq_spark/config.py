@@ -10,8 +10,15 @@ echoes the offending public value.
 Spark settings do not belong here: they go to ``spark-submit --conf`` or a
 ``conf/spark-*.conf`` properties file. A ``[spark]`` section is refused on purpose.
 
-Relative local paths (no URI scheme) are resolved against the current working directory when
-the configuration is loaded, so that driver and executors agree on them.
+Relative local paths (no URI scheme) written in the file are resolved against the directory of
+the file, so that a job started from another directory reads and charges the same things; paths
+given by flags (``--input``, ``--ledger``, ``--set ...``) are resolved against the current working
+directory. Both become absolute when the configuration is loaded, so that driver and executors
+agree on them.
+
+The ledger is ``ledger.url`` (``sqlite:///ABS/PATH``, ``postgresql://user@host/db``) or
+``ledger.path`` (a SQLite file). A PostgreSQL URL must not carry a password: it comes from the
+environment (``PGPASSWORD``, ``PGPASSFILE``) or ``ledger.password_file``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import math
 import numbers
 import os
 import re
+import secrets
 import sys
 from typing import Any
 
@@ -54,6 +62,8 @@ __all__ = [
     "parse_override",
     "quantiles_from_text",
     "is_local_path",
+    "ledger_url",
+    "read_raw",
 ]
 
 
@@ -171,12 +181,25 @@ class OutputConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LedgerConfig:
-    """The SQLite privacy ledger and the budget cap of the dataset."""
+    """The privacy ledger (a URL without password) and the budget cap of the dataset.
 
-    path: str
+    ``create`` lets the job create the ledger and the dataset's budget when they do not exist
+    yet (its first run); by default a missing ledger or dataset is an error.
+    """
+
+    url: str
     dataset_id: str
     epsilon_cap: float
     delta_cap: float = 0.0
+    create: bool = False
+    password_file: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The URL without password, for logs and messages."""
+        from dpq_spark.ledger import redact_url
+
+        return redact_url(self.url)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,8 +251,48 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
         "max_rows_per_unit", "max_groups_per_unit", "resolution", "mechanism",
     ),
     "output": ("path", "format", "mode"),
-    "ledger": ("path", "dataset_id", "epsilon_cap", "delta_cap"),
+    "ledger": ("url", "path", "dataset_id", "epsilon_cap", "delta_cap", "create",
+               "password_file"),
 }
+
+# Keys whose values are local paths, resolved against the config file's directory.
+_PATH_KEYS = (("job", "spark_properties"), ("input", "path"), ("groups", "path"),
+              ("output", "path"), ("ledger", "path"), ("ledger", "password_file"))
+
+
+def _relative_to(base: str, raw: dict) -> None:
+    """Make relative local paths of ``raw`` (as read from a file in ``base``) absolute."""
+    for sec, key in _PATH_KEYS:
+        body = raw.get(sec)
+        if isinstance(body, dict) and isinstance(body.get(key), str):
+            value = body[key]
+            if is_local_path(value) and not value.startswith("file:"):
+                body[key] = os.path.join(base, os.path.expanduser(value))
+    body = raw.get("ledger")
+    if isinstance(body, dict) and isinstance(body.get("url"), str) and \
+            not _SCHEME.match(body["url"]):  # a plain path given as url
+        body["url"] = os.path.join(base, os.path.expanduser(body["url"]))
+
+
+def read_raw(path: str) -> dict:
+    """The TOML file ``path`` as a dict, its relative paths resolved against its directory.
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing or not valid TOML.
+    """
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path!r} is a directory") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
+    _relative_to(os.path.dirname(os.path.abspath(path)), raw)
+    return raw
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -263,7 +326,8 @@ def load_config(path: str, overrides: list[tuple[str, str, Any]] | None = None,
     overrides : list of (section, key, value), optional
         Values that replace (or add) single keys of the file, e.g. from command-line flags.
     now : datetime, optional
-        The time substituted for ``{timestamp}`` in ``output.path`` (default: now, UTC).
+        The time substituted for ``{timestamp}`` in ``output.path`` (default: now, UTC); a
+        random suffix is added so that two jobs started together never share a path.
 
     Returns
     -------
@@ -274,18 +338,14 @@ def load_config(path: str, overrides: list[tuple[str, str, Any]] | None = None,
     ConfigError
         If the file is missing or not valid TOML, or any value breaks a rule.
     """
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
+    raw = read_raw(path)
     for section, key, value in overrides or ():
         target = raw.setdefault(section, {})
         if not isinstance(target, dict):
             raise ConfigError(f"`{section}` must be a table (a [{section}] section)")
         target[key] = value
+        if section == "ledger" and key in ("url", "path"):  # a flag replaces the file's ledger
+            target.pop("path" if key == "url" else "url", None)
     return parse_config(raw, source=path, now=now)
 
 
@@ -489,7 +549,8 @@ def _parse_release(sec: dict) -> ReleaseConfig:
 
 def _parse_output(sec: dict, now: _dt.datetime) -> OutputConfig:
     path = _string(sec, "output", "path", required=True)
-    stamp = now.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = (now.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+             + "-" + secrets.token_hex(3))
     try:
         path = path.format(timestamp=stamp)
     except (KeyError, IndexError, ValueError):
@@ -500,10 +561,46 @@ def _parse_output(sec: dict, now: _dt.datetime) -> OutputConfig:
                         mode="error" if mode == "errorifexists" else mode)
 
 
+def ledger_url(sec: dict) -> str:
+    """The ledger URL of a ``[ledger]`` section (``url``, or ``path`` for SQLite), validated."""
+    from dpq_spark.ledger import is_postgres_url, redact_url, url_has_password
+
+    given = [k for k in ("url", "path") if sec.get(k) is not None]
+    if len(given) != 1:
+        _fail(f"[ledger] needs exactly one of `ledger.url` and `ledger.path`, got {given}")
+    key = given[0]
+    value = _string(sec, "ledger", key, required=True)
+    if key == "path":
+        if not is_local_path(value):
+            _fail(f"`ledger.path` must be a local SQLite file; give a server as `ledger.url`, "
+                  f"got {redact_url(value)!r}")
+        return "sqlite://" + _local(value)
+    if is_postgres_url(value):
+        if url_has_password(value):
+            _fail(f"`ledger.url` must not contain a password ({redact_url(value)!r}): set "
+                  "PGPASSWORD in the environment or name a file in `ledger.password_file`")
+        return value
+    if value.startswith("sqlite:"):
+        if not value.startswith("sqlite:///"):
+            _fail(f"`ledger.url` for SQLite must be sqlite:///ABSOLUTE/PATH, got {value!r}")
+        return "sqlite://" + _local("/" + value[len("sqlite:"):].lstrip("/"))
+    if _SCHEME.match(value) and not value.startswith("file:"):
+        _fail(f"`ledger.url` must be sqlite:///PATH or postgresql://..., got {redact_url(value)!r}")
+    return "sqlite://" + _local(value)
+
+
 def _parse_ledger(sec: dict, delta: float | None) -> LedgerConfig:
-    path = _string(sec, "ledger", "path", required=True)
-    if not is_local_path(path):
-        _fail(f"`ledger.path` must be a local file (SQLite), got {path!r}")
+    url = ledger_url(sec)
+    create = sec.get("create", False)
+    if not isinstance(create, bool):
+        _fail(f"`ledger.create` must be true or false, got {create!r}")
+    password_file = _string(sec, "ledger", "password_file")
+    if password_file is not None:
+        password_file = _local(password_file)
+        if not url.startswith("postgres"):
+            _fail("`ledger.password_file` is only for a PostgreSQL `ledger.url`")
+        if not os.path.exists(password_file):
+            _fail(f"`ledger.password_file` {password_file!r} does not exist")
     dataset_id = _string(sec, "ledger", "dataset_id", required=True)
     cap = _real(sec, "ledger", "epsilon_cap")
     if not (math.isfinite(cap) and cap > 0):
@@ -515,8 +612,8 @@ def _parse_ledger(sec: dict, delta: float | None) -> LedgerConfig:
         _fail(f"`ledger.delta_cap` must be in [0, 1), got {sec['delta_cap']!r}")
     if delta is not None and delta_cap == 0.0:
         _fail("`release.delta` is set but `ledger.delta_cap` is not: give the dataset a delta cap")
-    return LedgerConfig(path=_local(path), dataset_id=dataset_id, epsilon_cap=cap,
-                        delta_cap=delta_cap)
+    return LedgerConfig(url=url, dataset_id=dataset_id, epsilon_cap=cap, delta_cap=delta_cap,
+                        create=create, password_file=password_file)
 
 
 def parse_config(raw: dict, *, source: str | None = None,

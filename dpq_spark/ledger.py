@@ -1,53 +1,88 @@
-"""The privacy ledger: a SQLite record of the budget every release spends on a dataset.
+"""The privacy ledger: a database record of the budget every release spends on a dataset.
 
 Scheduled jobs re-run and each run spends budget on the same people, so every release is charged
 against a per-dataset cap under basic (sequential) composition: the epsilons add up, and so do
-the deltas. The life of one charge:
+the deltas. A ledger lives at a URL:
+
+``sqlite:///ABSOLUTE/PATH`` (or a plain file path)
+    One SQLite file, for one machine (``make run``, a single driver). SQLite's file locking is
+    unreliable on network and FUSE mounts (NFS, DBFS, Volumes): never share a file there.
+``postgresql://user@host:5432/db``
+    A shared PostgreSQL server (Databricks Lakebase, Amazon RDS, Cloud SQL, a team's own), for
+    jobs on many machines. The password never goes in the URL stored in a config: it comes from
+    the environment (``PGPASSWORD``, ``PGPASSFILE`` and the other libpq variables) or from a file
+    named by ``password_file``. Needs the ``postgres`` extra (psycopg 3).
+
+The life of one charge:
 
 ``reserved``
-    Taken before the job reads any data, inside one ``BEGIN IMMEDIATE`` transaction that sums
-    what is already charged and refuses with :class:`~dpq_spark.core.errors.BudgetExceededError`
-    when the cap would be passed. Two jobs started together are serialised by SQLite's write
-    lock, so they cannot both take the last of the budget.
+    Taken inside one database transaction that first locks the dataset's budget row (SQLite:
+    ``BEGIN IMMEDIATE``, the database write lock; PostgreSQL: ``SELECT ... FOR UPDATE`` on the
+    row), then sums what is already charged and refuses with
+    :class:`~dpq_spark.core.errors.BudgetExceededError` when the cap would be passed. Two jobs
+    that race for the last of the budget, on one machine or on many, are serialised by the
+    database and cannot both take it.
 ``spent``
     Set just before the mechanism runs: from here on noisy values may exist.
 ``committed``
     The output is written; the record carries its location.
 ``cancelled``
-    The job failed *before* any noisy value existed and gave the budget back. Only a job that
-    is still alive and knows it never sampled may cancel; a job that dies (killed, out of
-    memory) leaves its record ``reserved`` or ``spent``, and both keep counting: the ledger
-    errs on the side of privacy.
+    The budget was given back: the job failed (or was stopped) *before* any noisy value existed,
+    or an operator cancelled a reservation whose job is known dead (``dpq-spark ledger cancel``,
+    which records who and why). Only a ``reserved`` record can be cancelled.
 
-Every status but ``cancelled`` counts towards the cap. The cap of a dataset is stored the first
-time the dataset is seen; a configuration may ask for a *lower* cap, but raising it needs an
-explicit :meth:`Ledger.set_cap` (``dpq-spark ledger set-cap``), so that a careless config file
-cannot quietly grant more budget.
+Every status but ``cancelled`` counts towards the cap. A ledger, and a dataset's budget in it,
+is *opened, never created* by default: :func:`init_ledger` (``dpq-spark ledger init``) creates
+them, and a job creates them only when its config says ``ledger.create = true``. A mistyped path
+or dataset id therefore fails instead of starting a fresh, full budget. A configuration may ask
+for a *lower* cap than the stored one, but raising it needs an explicit :meth:`Ledger.set_cap`.
 
-The ledger stores public parameters only, never data, counts or results.
+The ledger stores public parameters only, never data, counts or results. Error messages name
+the ledger by its redacted URL (:func:`redact_url`: no password).
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import dataclasses
 import datetime as _dt
+import getpass
+import io
 import json
 import os
 import socket
 import sqlite3
-from typing import Any
+import urllib.parse
+from typing import Any, Callable, Iterator
 
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError
 
-__all__ = ["Ledger", "LedgerRecord", "BudgetUsage", "LedgerError", "COUNTED_STATUSES"]
+__all__ = [
+    "Ledger",
+    "SQLiteLedger",
+    "LedgerRecord",
+    "BudgetUsage",
+    "LedgerError",
+    "COUNTED_STATUSES",
+    "open_ledger",
+    "init_ledger",
+    "redact_url",
+    "is_postgres_url",
+]
 
 #: Statuses that count towards the cap.
 COUNTED_STATUSES = ("reserved", "spent", "committed")
 
+#: Columns of a record, in the order of :class:`LedgerRecord` and of ``ledger export``.
+RECORD_COLUMNS = ("id", "dataset_id", "status", "epsilon", "delta", "mechanism", "parameters",
+                  "output", "job", "host", "pid", "reserved_at", "updated_at", "note",
+                  "cancelled_by")
+
 # Sums of many small epsilons are not exact in floating point: 10 x 0.1 must fit a cap of 1.
 _SLACK = 1e-9
 
-_SCHEMA = """
+_SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
     dataset_id  TEXT PRIMARY KEY,
     epsilon_cap REAL NOT NULL,
@@ -68,14 +103,16 @@ CREATE TABLE IF NOT EXISTS releases (
     pid         INTEGER,
     reserved_at TEXT NOT NULL,
     updated_at  TEXT NOT NULL,
-    note        TEXT
+    note        TEXT,
+    cancelled_by TEXT
 );
 CREATE INDEX IF NOT EXISTS releases_by_dataset ON releases (dataset_id, status);
 """
 
 
 class LedgerError(DPQValueError):
-    """The ledger refuses an operation (unknown record, a cap raised by a config, ...)."""
+    """The ledger refuses an operation (missing ledger, unknown record, a cap raised by a
+    config, an unreadable database, ...). The message names the ledger (redacted)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +133,7 @@ class LedgerRecord:
     reserved_at: str
     updated_at: str
     note: str | None
+    cancelled_by: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,71 +156,144 @@ class BudgetUsage:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in the environment (some containers)
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs
+# ---------------------------------------------------------------------------------------------
+
+
+def is_postgres_url(url: str) -> bool:
+    """True for a ``postgresql://`` (or ``postgres://``) URL."""
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (``user:***@host``; a ``password=`` parameter is dropped).
+    Safe for logs and messages."""
+    if not is_postgres_url(url):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{host}"
+    query = urllib.parse.urlencode([(k, "***" if k.lower() == "password" else v)
+                                    for k, v in urllib.parse.parse_qsl(parts.query)])
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_has_password(url: str) -> bool:
+    """True when a PostgreSQL URL carries a password (not allowed in a config file)."""
+    if not is_postgres_url(url):
+        return False
+    parts = urllib.parse.urlsplit(url)
+    return parts.password is not None or any(
+        k.lower() == "password" for k, _ in urllib.parse.parse_qsl(parts.query))
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite:///ABS/PATH`` URL or of a plain path (made absolute)."""
+    if url.startswith("sqlite:"):
+        rest = url[len("sqlite:"):]
+        if not rest.startswith("///"):
+            raise LedgerError(f"ledger {url}: a SQLite URL is sqlite:///ABSOLUTE/PATH")
+        url = "/" + rest.lstrip("/")
+    return os.path.abspath(os.path.expanduser(url))
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger (backend-neutral logic; the backends supply connections and a few SQL words)
+# ---------------------------------------------------------------------------------------------
 
 
 class Ledger:
-    """A privacy ledger in one SQLite file (created on first use, with its directory).
+    """A privacy ledger; use :func:`open_ledger` or :func:`init_ledger` to get one.
 
-    Parameters
+    Each method opens its own short-lived connection and runs in one database transaction, so a
+    ``Ledger`` may be shared by threads and processes alike; concurrency control is the
+    database's own (no application-side locks).
+
+    Attributes
     ----------
-    path : str
-        The SQLite file. Keep it on a local or otherwise lock-respecting file system (SQLite
-        locking is unreliable on some network file systems).
-    timeout : float
-        Seconds to wait for another job's transaction before giving up.
-
-    Notes
-    -----
-    Each method opens its own short-lived connection, so a ``Ledger`` may be shared by threads
-    and processes alike; concurrency is SQLite's file locking.
+    name : str
+        The ledger's redacted URL (SQLite: the file path), used in every message.
     """
 
-    def __init__(self, path: str, *, timeout: float = 60.0):
-        self.path = os.path.abspath(path)
-        self.timeout = float(timeout)
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, exist_ok=True)
-        with self._connect() as conn:
-            conn.executescript(_SCHEMA)
+    name: str
+    #: SQL that locks a dataset's budget row for the rest of the transaction.
+    _LOCK_BUDGET = "SELECT epsilon_cap, delta_cap FROM budgets WHERE dataset_id = ?"
 
-    # -- plumbing ------------------------------------------------------------------------------
+    # -- backend hooks ---------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        return conn
+    def _transaction(self) -> contextlib.AbstractContextManager:  # pragma: no cover - abstract
+        """Context manager yielding a connection inside one write transaction."""
+        raise NotImplementedError
 
-    def _write(self, fn):
-        """Run ``fn(conn)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` (rolled back on error)."""
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
-        finally:
-            conn.close()
+    def _reading(self) -> contextlib.AbstractContextManager:  # pragma: no cover - abstract
+        """Context manager yielding a connection for reads."""
+        raise NotImplementedError
 
-    @staticmethod
-    def _spent(conn: sqlite3.Connection, dataset_id: str) -> tuple[float, float]:
+    def _exec(self, conn, sql: str, params: tuple = ()):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _error(self, message: str) -> LedgerError:
+        return LedgerError(f"ledger {self.name}: {message}")
+
+    def _write(self, fn: Callable[[Any], Any]):
+        with self._transaction() as conn:
+            return fn(conn)
+
+    def _spent(self, conn, dataset_id: str) -> tuple[float, float]:
         marks = ",".join("?" * len(COUNTED_STATUSES))
-        row = conn.execute(
+        row = self._exec(
+            conn,
             f"SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0) FROM releases "
             f"WHERE dataset_id = ? AND status IN ({marks})",
             (dataset_id, *COUNTED_STATUSES),
         ).fetchone()
         return float(row[0]), float(row[1])
 
-    # -- the budget ----------------------------------------------------------------------------
+    def _lock_budget(self, conn, dataset_id: str):
+        return self._exec(conn, self._LOCK_BUDGET, (dataset_id,)).fetchone()
+
+    def _missing_dataset(self, dataset_id: str) -> LedgerError:
+        return self._error(
+            f"has no budget for dataset {dataset_id!r}; create it with `dpq-spark ledger init "
+            f"{self.name} --dataset {dataset_id} --epsilon-cap N` (or set `ledger.create = true` "
+            "in the job config for its first run)")
+
+    # -- the budget ------------------------------------------------------------------------
+
+    def create_dataset(self, dataset_id: str, *, epsilon_cap: float,
+                       delta_cap: float = 0.0) -> bool:
+        """Store a new dataset's caps; returns False (and changes nothing) if it exists."""
+        _check_caps(epsilon_cap, delta_cap)
+
+        def txn(conn) -> bool:
+            cur = self._exec(
+                conn, "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT (dataset_id) DO NOTHING"
+                " RETURNING dataset_id", (dataset_id, float(epsilon_cap), float(delta_cap), _now()))
+            return cur.fetchone() is not None
+
+        return self._write(txn)
 
     def reserve(self, dataset_id: str, *, epsilon: float, delta: float | None = None,
                 epsilon_cap: float, delta_cap: float = 0.0, mechanism: str,
-                parameters: dict[str, Any] | None = None, job: str | None = None) -> int:
+                parameters: dict[str, Any] | None = None, job: str | None = None,
+                create_dataset: bool = False) -> int:
         """Reserve ``epsilon`` (and ``delta``) for one release of ``dataset_id``.
 
         Parameters
@@ -192,14 +303,17 @@ class Ledger:
         epsilon, delta : float
             What the release will spend (``delta=None`` means 0).
         epsilon_cap, delta_cap : float
-            The caps the caller's configuration states. On first use they become the dataset's
-            caps; later they may only lower the effective cap, never raise it.
+            The caps the caller's configuration states. They may only lower the dataset's
+            stored caps, never raise them.
         mechanism : str
             Name of the mechanism, e.g. ``"joint_exp"``.
         parameters : dict, optional
             Public parameters of the release (JSON-serialisable), stored with the record.
         job : str, optional
             Name of the job that reserves.
+        create_dataset : bool
+            Store ``epsilon_cap``/``delta_cap`` as the dataset's caps if the ledger does not know
+            the dataset yet (default False: an unknown dataset is an error).
 
         Returns
         -------
@@ -211,58 +325,85 @@ class Ledger:
         BudgetExceededError
             If the charge would pass a cap. Nothing is recorded.
         LedgerError
-            If ``epsilon_cap`` or ``delta_cap`` is above the dataset's stored cap.
+            If the dataset is unknown (and ``create_dataset`` is false), or ``epsilon_cap`` or
+            ``delta_cap`` is above the dataset's stored cap.
         """
         delta = 0.0 if delta is None else float(delta)
         epsilon = float(epsilon)
         params = json.dumps(parameters or {}, sort_keys=True)
 
-        def txn(conn: sqlite3.Connection) -> int:
-            row = conn.execute("SELECT epsilon_cap, delta_cap FROM budgets WHERE dataset_id = ?",
-                               (dataset_id,)).fetchone()
+        def txn(conn) -> int:
+            row = self._lock_budget(conn, dataset_id)
             if row is None:
-                conn.execute("INSERT INTO budgets VALUES (?, ?, ?, ?)",
-                             (dataset_id, float(epsilon_cap), float(delta_cap), _now()))
-                eps_cap, del_cap = float(epsilon_cap), float(delta_cap)
-            else:
-                for asked, stored, what in ((epsilon_cap, row[0], "epsilon_cap"),
-                                            (delta_cap, row[1], "delta_cap")):
-                    if asked > stored + _SLACK:
-                        raise LedgerError(
-                            f"the configured {what}={asked:g} for dataset {dataset_id!r} is above "
-                            f"the ledger's {what}={stored:g}; raise it explicitly with "
-                            f"`dpq-spark ledger set-cap` if that is intended"
-                        )
-                eps_cap, del_cap = min(epsilon_cap, row[0]), min(delta_cap, row[1])
+                if not create_dataset:
+                    raise self._missing_dataset(dataset_id)
+                _check_caps(epsilon_cap, delta_cap)
+                self._exec(conn, "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT "
+                           "(dataset_id) DO NOTHING",
+                           (dataset_id, float(epsilon_cap), float(delta_cap), _now()))
+                row = self._lock_budget(conn, dataset_id)
+            for asked, stored, what in ((epsilon_cap, row[0], "epsilon_cap"),
+                                        (delta_cap, row[1], "delta_cap")):
+                if asked > stored + _SLACK:
+                    raise self._error(
+                        f"the configured {what}={asked:g} for dataset {dataset_id!r} is above "
+                        f"the ledger's {what}={stored:g}; raise it explicitly with "
+                        "`dpq-spark ledger set-cap` if that is intended")
+            eps_cap, del_cap = min(epsilon_cap, row[0]), min(delta_cap, row[1])
             eps_spent, del_spent = self._spent(conn, dataset_id)
             if eps_spent + epsilon > eps_cap + _SLACK:
                 raise BudgetExceededError(epsilon, max(0.0, eps_cap - eps_spent), "epsilon")
             if delta > 0 and del_spent + delta > del_cap + _SLACK * del_cap:
                 raise BudgetExceededError(delta, max(0.0, del_cap - del_spent), "delta")
             now = _now()
-            cur = conn.execute(
+            cur = self._exec(
+                conn,
                 "INSERT INTO releases (dataset_id, status, epsilon, delta, mechanism, parameters,"
                 " job, host, pid, reserved_at, updated_at) VALUES (?, 'reserved', ?, ?, ?, ?, ?, ?,"
-                " ?, ?, ?)",
+                " ?, ?, ?) RETURNING id",
                 (dataset_id, epsilon, delta, mechanism, params, job, socket.gethostname(),
                  os.getpid(), now, now),
             )
-            return int(cur.lastrowid)
+            return int(cur.fetchone()[0])
 
         return self._write(txn)
 
+    def check_budget(self, dataset_id: str, *, epsilon: float, delta: float | None = None,
+                     epsilon_cap: float, delta_cap: float = 0.0,
+                     create_dataset: bool = False) -> None:
+        """Refuse early (without reserving) when the charge would not fit now.
+
+        A read-only pre-check so that a job can stop before it starts Spark; only
+        :meth:`reserve` is authoritative (another job may spend in between).
+        """
+        usage = self.usage(dataset_id)
+        if usage.epsilon_cap is None:
+            if not create_dataset:
+                raise self._missing_dataset(dataset_id)
+            return
+        eps_cap = min(epsilon_cap, usage.epsilon_cap)
+        if usage.epsilon_spent + float(epsilon) > eps_cap + _SLACK:
+            raise BudgetExceededError(epsilon, max(0.0, eps_cap - usage.epsilon_spent), "epsilon")
+        delta = 0.0 if delta is None else float(delta)
+        del_cap = min(delta_cap, usage.delta_cap)
+        if delta > 0 and usage.delta_spent + delta > del_cap + _SLACK * del_cap:
+            raise BudgetExceededError(delta, max(0.0, del_cap - usage.delta_spent), "delta")
+
     def _move(self, record_id: int, allowed_from: tuple[str, ...], to: str, *,
-              output: str | None = None, note: str | None = None) -> None:
-        def txn(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT status FROM releases WHERE id = ?", (record_id,)).fetchone()
+              output: str | None = None, note: str | None = None,
+              cancelled_by: str | None = None) -> None:
+        def txn(conn) -> None:
+            row = self._exec(conn, "SELECT status FROM releases WHERE id = ?",
+                             (record_id,)).fetchone()
             if row is None:
-                raise LedgerError(f"no ledger record with id {record_id}")
+                raise self._error(f"no ledger record with id {record_id}")
             if row[0] not in allowed_from:
-                raise LedgerError(f"ledger record {record_id} is {row[0]!r}; cannot become {to!r}")
-            conn.execute(
+                raise self._error(f"ledger record {record_id} is {row[0]!r}; cannot become {to!r}")
+            self._exec(
+                conn,
                 "UPDATE releases SET status = ?, updated_at = ?, output = COALESCE(?, output),"
-                " note = COALESCE(?, note) WHERE id = ?",
-                (to, _now(), output, note, record_id),
+                " note = COALESCE(?, note), cancelled_by = COALESCE(?, cancelled_by) WHERE id = ?",
+                (to, _now(), output, note, cancelled_by, record_id),
             )
 
         self._write(txn)
@@ -272,32 +413,50 @@ class Ledger:
         cancelled."""
         self._move(record_id, ("reserved",), "spent")
 
+    def record_output(self, record_id: int, path: str) -> None:
+        """Record where a ``spent`` release is being written (a temporary path, before
+        :meth:`commit`), so that a run that dies while writing leaves a findable trace."""
+        self._move(record_id, ("spent",), "spent", output=path)
+
     def commit(self, record_id: int, output: str) -> None:
         """Turn a spent reservation into a committed release written to ``output``."""
         self._move(record_id, ("spent",), "committed", output=output)
 
-    def cancel(self, record_id: int, reason: str | None = None) -> None:
-        """Give a reservation back. Allowed only while it is ``reserved`` (no noisy value can
-        exist yet); ``reason`` must not contain private data."""
-        self._move(record_id, ("reserved",), "cancelled", note=reason)
+    def cancel(self, record_id: int, reason: str | None = None, *, by: str | None = None) -> None:
+        """Give a reservation back; allowed only while it is ``reserved``.
+
+        Parameters
+        ----------
+        record_id : int
+        reason : str, optional
+            Why (stored in the record's note); must not contain private data.
+        by : str, optional
+            Who cancels (stored in ``cancelled_by``; default: the OS user).
+
+        Notes
+        -----
+        A job cancels its own reservation when it fails before sampling. An operator cancels a
+        *stale* reservation (``dpq-spark ledger cancel ID --force``) only when the job that made
+        it is known to be dead: a live job that has not marked it spent yet would still run.
+        """
+        self._move(record_id, ("reserved",), "cancelled", note=reason,
+                   cancelled_by=by or _who())
 
     def note(self, record_id: int, text: str) -> None:
         """Attach a public note (e.g. why a spent job failed) without changing the status."""
-        def txn(conn: sqlite3.Connection) -> None:
-            conn.execute("UPDATE releases SET note = ?, updated_at = ? WHERE id = ?",
-                         (text, _now(), record_id))
+        def txn(conn) -> None:
+            self._exec(conn, "UPDATE releases SET note = ?, updated_at = ? WHERE id = ?",
+                       (text, _now(), record_id))
 
         self._write(txn)
 
     def set_cap(self, dataset_id: str, *, epsilon_cap: float, delta_cap: float = 0.0) -> None:
         """Set a dataset's caps explicitly (the only way to raise them)."""
-        if not (epsilon_cap > 0 and epsilon_cap != float("inf")):
-            raise LedgerError(f"`epsilon_cap` must be finite and > 0, got {epsilon_cap!r}")
-        if not (0.0 <= delta_cap < 1.0):
-            raise LedgerError(f"`delta_cap` must be in [0, 1), got {delta_cap!r}")
+        _check_caps(epsilon_cap, delta_cap)
 
-        def txn(conn: sqlite3.Connection) -> None:
-            conn.execute(
+        def txn(conn) -> None:
+            self._exec(
+                conn,
                 "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
                 "epsilon_cap = excluded.epsilon_cap, delta_cap = excluded.delta_cap, "
                 "updated_at = excluded.updated_at",
@@ -306,31 +465,248 @@ class Ledger:
 
         self._write(txn)
 
-    # -- reading -------------------------------------------------------------------------------
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, record_id: int) -> LedgerRecord:
+        """One record by id."""
+        with self._reading() as conn:
+            row = self._exec(conn, f"SELECT {', '.join(RECORD_COLUMNS)} FROM releases "
+                             "WHERE id = ?", (record_id,)).fetchone()
+        if row is None:
+            raise self._error(f"no ledger record with id {record_id}")
+        return _record(row)
 
     def records(self, dataset_id: str | None = None) -> list[LedgerRecord]:
         """All records of ``dataset_id`` (of every dataset when ``None``), oldest first."""
-        conn = self._connect()
-        try:
+        cols = ", ".join(RECORD_COLUMNS)
+        with self._reading() as conn:
             if dataset_id is None:
-                rows = conn.execute("SELECT * FROM releases ORDER BY id").fetchall()
+                rows = self._exec(conn, f"SELECT {cols} FROM releases ORDER BY id").fetchall()
             else:
-                rows = conn.execute("SELECT * FROM releases WHERE dataset_id = ? ORDER BY id",
-                                    (dataset_id,)).fetchall()
-        finally:
-            conn.close()
-        return [
-            LedgerRecord(**{**dict(r), "parameters": json.loads(r["parameters"])}) for r in rows
-        ]
+                rows = self._exec(conn, f"SELECT {cols} FROM releases WHERE dataset_id = ? "
+                                  "ORDER BY id", (dataset_id,)).fetchall()
+        return [_record(r) for r in rows]
+
+    def datasets(self) -> list[str]:
+        """The dataset ids with a budget in this ledger."""
+        with self._reading() as conn:
+            rows = self._exec(conn, "SELECT dataset_id FROM budgets ORDER BY dataset_id").fetchall()
+        return [r[0] for r in rows]
 
     def usage(self, dataset_id: str) -> BudgetUsage:
-        """The budget ``dataset_id`` has spent, and its stored caps (``None`` if never seen)."""
-        conn = self._connect()
-        try:
+        """The budget ``dataset_id`` has spent, and its stored caps (``None`` if unknown)."""
+        with self._reading() as conn:
             eps, delta = self._spent(conn, dataset_id)
-            row = conn.execute("SELECT epsilon_cap, delta_cap FROM budgets WHERE dataset_id = ?",
-                               (dataset_id,)).fetchone()
-        finally:
-            conn.close()
+            row = self._exec(conn, "SELECT epsilon_cap, delta_cap FROM budgets WHERE "
+                             "dataset_id = ?", (dataset_id,)).fetchone()
         caps = (None, None) if row is None else (float(row[0]), float(row[1]))
         return BudgetUsage(dataset_id, eps, delta, *caps)
+
+    def export(self, format: str = "json", dataset_id: str | None = None) -> str:
+        """The records (of one dataset, or all) as CSV or JSON text, for an audit.
+
+        JSON is ``{"ledger": NAME, "exported_at": ..., "budgets": [...], "records": [...]}``;
+        CSV has one row per record with the columns of :class:`LedgerRecord` (``parameters``
+        as a JSON string). Only public parameters are stored, so the export holds no data.
+        """
+        if format not in ("csv", "json"):
+            raise self._error(f"`format` must be 'csv' or 'json', got {format!r}")
+        records = self.records(dataset_id)
+        if format == "json":
+            ids = [dataset_id] if dataset_id is not None else self.datasets()
+            budgets = []
+            for d in ids:
+                u = self.usage(d)
+                budgets.append({**dataclasses.asdict(u), "epsilon_remaining": u.epsilon_remaining,
+                                "delta_remaining": u.delta_remaining})
+            return json.dumps({"ledger": self.name, "exported_at": _now(), "budgets": budgets,
+                               "records": [dataclasses.asdict(r) for r in records]},
+                              indent=2, sort_keys=False)
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(RECORD_COLUMNS)
+        for r in records:
+            row = dataclasses.asdict(r)
+            row["parameters"] = json.dumps(row["parameters"], sort_keys=True)
+            writer.writerow(["" if row[c] is None else row[c] for c in RECORD_COLUMNS])
+        return buf.getvalue()
+
+
+def _record(row) -> LedgerRecord:
+    values = dict(zip(RECORD_COLUMNS, tuple(row)))
+    values["parameters"] = json.loads(values["parameters"])
+    values["epsilon"], values["delta"] = float(values["epsilon"]), float(values["delta"])
+    return LedgerRecord(**values)
+
+
+def _check_caps(epsilon_cap: float, delta_cap: float) -> None:
+    if isinstance(epsilon_cap, bool) or not isinstance(epsilon_cap, (int, float)) or not (
+            0 < epsilon_cap < float("inf")):
+        raise LedgerError(f"`epsilon_cap` must be finite and > 0, got {epsilon_cap!r}")
+    if isinstance(delta_cap, bool) or not isinstance(delta_cap, (int, float)) or not (
+            0.0 <= delta_cap < 1.0):
+        raise LedgerError(f"`delta_cap` must be in [0, 1), got {delta_cap!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# SQLite
+# ---------------------------------------------------------------------------------------------
+
+
+class SQLiteLedger(Ledger):
+    """A ledger in one SQLite file (one machine). Use :func:`open_ledger`.
+
+    Parameters
+    ----------
+    path : str
+        The SQLite file. Keep it on a local disk (SQLite locking is unreliable on network and
+        FUSE file systems).
+    create : bool
+        Create the file (and its directory) and the tables when missing. Default False: a
+        missing file is an error that names it.
+    timeout : float
+        Seconds to wait for another job's transaction before giving up.
+    """
+
+    def __init__(self, path: str, *, create: bool = False, timeout: float = 60.0):
+        self.path = sqlite_path(path)
+        self.name = self.path
+        self.timeout = float(timeout)
+        if not os.path.exists(self.path):
+            if not create:
+                raise self._error(
+                    "does not exist; create it with `dpq-spark ledger init` (or set "
+                    "`ledger.create = true` in the job config for its first run)")
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        if create:
+            with self._guard():
+                conn = self._connect(create=True)
+                try:
+                    conn.executescript(_SQLITE_SCHEMA)
+                finally:
+                    conn.close()
+        with self._guard():  # an existing file must be a ledger (and is upgraded if older)
+            conn = self._connect()
+            try:
+                tables = {r[0] for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if not {"budgets", "releases"} <= tables:
+                    raise self._error("is not a dpq_spark ledger (no `budgets`/`releases` "
+                                      "tables); `dpq-spark ledger init` creates one")
+                columns = {r[1] for r in conn.execute("PRAGMA table_info(releases)")}
+                if "cancelled_by" not in columns:  # a ledger written before `cancel --force`
+                    conn.execute("ALTER TABLE releases ADD COLUMN cancelled_by TEXT")
+            finally:
+                conn.close()
+
+    def _connect(self, create: bool = False) -> sqlite3.Connection:
+        mode = "rwc" if create else "rw"
+        uri = "file:" + urllib.parse.quote(self.path) + f"?mode={mode}"
+        return sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None)
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise self._error(f"{type(exc).__name__}: {exc}") from None
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._guard():
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        with self._guard():
+            conn = self._connect()
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    def _exec(self, conn, sql: str, params: tuple = ()):
+        return conn.execute(sql, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening
+# ---------------------------------------------------------------------------------------------
+
+
+def open_ledger(url: str, *, create: bool = False, password_file: str | None = None,
+                timeout: float = 60.0) -> Ledger:
+    """Open the ledger at ``url``; never creates one unless ``create=True``.
+
+    Parameters
+    ----------
+    url : str
+        ``sqlite:///ABSOLUTE/PATH``, a plain file path, or ``postgresql://user@host/db``
+        (without a password: see the module docstring).
+    create : bool
+        Create the ledger's tables (and a SQLite file) when missing.
+    password_file : str, optional
+        A file whose first line is the PostgreSQL password (else libpq's environment).
+    timeout : float
+        Seconds to wait for a lock (SQLite) or a connection (PostgreSQL).
+
+    Returns
+    -------
+    Ledger
+
+    Raises
+    ------
+    LedgerError
+        The ledger does not exist (and ``create`` is false), cannot be reached, or is not a
+        dpq_spark ledger. The message names the ledger, never the password.
+
+    Examples
+    --------
+    >>> ledger = open_ledger("postgresql://dpq@db.example.com/privacy")   # doctest: +SKIP
+    >>> ledger.usage("analytics.sessions").epsilon_remaining               # doctest: +SKIP
+    >>> ledger.cancel(42, "job run 1234 was killed by the scheduler")      # doctest: +SKIP
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise LedgerError(f"the ledger URL must be a non-empty string, got {url!r}")
+    if is_postgres_url(url):
+        from dpq_spark._ledger_pg import PostgresLedger
+
+        return PostgresLedger(url, create=create, password_file=password_file, timeout=timeout)
+    if "://" in url and not url.startswith("sqlite:"):
+        raise LedgerError(f"ledger {redact_url(url)}: unsupported URL scheme; use "
+                          "sqlite:///PATH or postgresql://...")
+    return SQLiteLedger(url, create=create, timeout=timeout)
+
+
+def init_ledger(url: str, *, dataset_id: str | None = None, epsilon_cap: float | None = None,
+                delta_cap: float = 0.0, password_file: str | None = None) -> Ledger:
+    """Create a ledger (if missing) and, when ``dataset_id`` is given, the dataset's budget.
+
+    Raises
+    ------
+    LedgerError
+        If the dataset already has a budget with other caps (use :meth:`Ledger.set_cap`).
+    """
+    if dataset_id is not None and epsilon_cap is None:
+        raise LedgerError("`epsilon_cap` is required with `dataset_id`")
+    if epsilon_cap is not None:
+        _check_caps(epsilon_cap, delta_cap)
+    ledger = open_ledger(url, create=True, password_file=password_file)
+    if dataset_id is not None and not ledger.create_dataset(
+            dataset_id, epsilon_cap=epsilon_cap, delta_cap=delta_cap):
+        usage = ledger.usage(dataset_id)
+        if (usage.epsilon_cap, usage.delta_cap) != (float(epsilon_cap), float(delta_cap)):
+            raise ledger._error(
+                f"dataset {dataset_id!r} already has epsilon_cap={usage.epsilon_cap:g}, "
+                f"delta_cap={usage.delta_cap:g}; change caps with `dpq-spark ledger set-cap`")
+    return ledger

@@ -44,13 +44,22 @@ class RandomSource:
         Short description for logs (never a seed).
     """
 
-    __slots__ = ("_read", "cryptographic", "name", "_legacy")
+    __slots__ = ("_read", "cryptographic", "name", "_legacy", "_buffer", "_pos", "_pid")
+
+    #: Small reads are served from a buffer of this many bytes, refilled from ``read_bytes``: one
+    #: system call (or one numpy call) per 512 bytes instead of one per draw. Buffered bytes are
+    #: never served twice, and the buffer is dropped in a forked child (PySpark forks its Python
+    #: workers), so a child never replays its parent's bytes.
+    BUFFER_BYTES = 512
 
     def __init__(self, read_bytes: Callable[[int], bytes], *, cryptographic: bool, name: str):
         self._read = read_bytes
         self.cryptographic = bool(cryptographic)
         self.name = name
         self._legacy = None
+        self._buffer = b""
+        self._pos = 0
+        self._pid = os.getpid()
 
     def __getattr__(self, attr):
         # TRANSITIONAL (issue 9): lets call sites not yet moved to exact integer sampling keep
@@ -66,7 +75,20 @@ class RandomSource:
 
     def bytes(self, k: int) -> bytes:
         """``k`` uniformly random bytes."""
-        return self._read(int(k)) if k > 0 else b""
+        k = int(k)
+        if k <= 0:
+            return b""
+        if k >= self.BUFFER_BYTES:
+            return self._read(k)
+        pid = os.getpid()
+        if pid != self._pid:  # forked: never reuse the parent's buffered bytes
+            self._buffer, self._pos, self._pid = b"", 0, pid
+        end = self._pos + k
+        if end > len(self._buffer):
+            self._buffer, self._pos, end = self._read(self.BUFFER_BYTES), 0, k
+        out = self._buffer[self._pos:end]
+        self._pos = end
+        return out
 
     def words(self, size: int) -> np.ndarray:
         """``size`` independent uniform 64-bit words (``uint64``)."""

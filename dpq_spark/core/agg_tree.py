@@ -2,7 +2,7 @@
 
 The range ``[lower, upper]`` is cut into ``branching**height`` equal-width leaves; every node of the
 complete ``branching``-ary tree above them counts the points in its range. Each non-root count gets
-Laplace noise, then Honaker's (2015) two-pass inverse-variance aggregation combines every node's
+discrete Laplace noise (sampled exactly on the integers), then Honaker's (2015) two-pass inverse-variance aggregation combines every node's
 own noisy count with the estimates implied by its subtree (from below) and by its parent and
 siblings (from above). Quantiles descend the aggregated tree from the root and interpolate inside
 the node where they stop (as Google's ``BoundedQuantiles`` does). All quantiles come from the same
@@ -11,10 +11,13 @@ noisy tree, so the budget does not depend on m.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._request import validate_request
+from dpq_spark.core._samplers import discrete_laplace, dlap_scale
 from dpq_spark.core._sorted_data import SortedData, sort_data
 from dpq_spark.core._validation import check_positive_int
 from dpq_spark.core.errors import DPQValueError
@@ -153,8 +156,9 @@ def agg_tree(
     counts : array_like of int, optional
         Multiplicity of each entry of ``values``: the histogram is built from the counts directly,
         exactly as for ``np.repeat(values, counts)``.
-    rng : numpy.random.Generator, optional
-        Source of randomness; ``None`` draws fresh OS entropy.
+    rng : numpy.random.Generator, RandomSource or None, optional
+        Source of randomness; ``None`` (production) is the OS cryptographic generator, a seeded
+        generator is for tests and reproducible experiments only.
     branching : int, default 16
         Children per node, >= 2.
     height : int, default 4
@@ -174,16 +178,22 @@ def agg_tree(
 
     Notes
     -----
-    Every non-root node count gets ``Lap(height * s / epsilon)`` with ``s = 2`` (swap) or 1
+    Every non-root node count (an integer) gets discrete Laplace noise ``DLap(b)``, sampled exactly
+    on the integers, with ``b = dlap_scale(height * s, epsilon)``, i.e. ``height * s / epsilon``
+    rounded up to a rational (relative excess below ``2**-20``), ``s = 2`` (swap) or 1
     (add/remove): one row changes one count per level by 1 (add/remove) or two counts per level by
-    1 (swap). Under swap the root count n is public and used exactly; under add/remove the root is
-    not released and is estimated from its children. Aggregation and the quantile descent are
-    post-processing. Time O(n log n + branching**height + m * branching * height).
+    1 (swap), so the integer vector of all node counts has L1 sensitivity ``height * s``. Under
+    swap the root count n is public and used exactly; under add/remove the root is not released
+    and is estimated from its children. Aggregation (weighted by the exact discrete-Laplace
+    variance ``2 q / (1 - q)**2``, ``q = exp(-1 / b)``) and the quantile descent are
+    post-processing of the noisy integers. Time O(n log n + branching**height + m * branching * height).
 
     Privacy
     -------
     ``epsilon``-differential privacy (pure) for the chosen neighbouring relation, one row (one unit
-    of multiplicity) being the unit of privacy, whatever m is. Assumes ``lower``, ``upper``,
+    of multiplicity) being the unit of privacy, whatever m is; the epsilon achieved by the
+    rounded-up scale is ``height * s / b <= epsilon``. The noisy counts are exact integer samples,
+    so no floating-point artefact of the sampler can separate neighbours. Assumes ``lower``, ``upper``,
     ``quantiles``, ``branching`` and ``height`` are chosen without looking at the data.
 
     Examples
@@ -204,13 +214,21 @@ def agg_tree(
     gen = resolve_rng(rng)
     data = sort_data(x, c, request.lower, request.upper)
     swap = request.neighboring is NeighboringRelation.SWAP
-    scale = h * (2.0 if swap else 1.0) / request.epsilon
+    scale = dlap_scale(h * (2 if swap else 1), request.epsilon)
 
     exact = [None] * (h + 1)
     exact[h] = _leaf_histogram(data, request.lower, request.upper, b**h)
     for level in range(h - 1, 0, -1):
         exact[level] = exact[level + 1].reshape(-1, b).sum(axis=1)
-    noisy = [None] + [exact[level] + gen.laplace(0.0, scale, size=exact[level].size) for level in range(1, h + 1)]
-    tree = honaker_aggregate(noisy, b, 2.0 * scale**2, float(data.n) if swap else None)
+    # counts are whole numbers below 2**53 (check_counts): the int64 conversion is exact
+    noisy = [None] + [
+        (exact[level].astype(np.int64) + discrete_laplace(gen, scale, size=exact[level].size)).astype(np.float64)
+        for level in range(1, h + 1)
+    ]
+    # Post-processing only: every count has the same variance and the least squares depend only
+    # on variance ratios, so a variance that underflows (huge epsilon) can be replaced by 1.
+    q = math.exp(-1.0 / float(scale))
+    variance = 2.0 * q / (1.0 - q) ** 2 if q > 0.0 else 1.0
+    tree = honaker_aggregate(noisy, b, variance, float(data.n) if swap else None)
     out = np.array([_descend(tree, b, request.lower, request.upper, float(q)) for q in request.quantiles])
     return np.sort(np.clip(out, request.lower, request.upper))

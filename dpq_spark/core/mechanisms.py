@@ -29,6 +29,14 @@ bounds used.
 a mechanism whose guarantee is not the one it promises its users (``epsilon`` means a different
 thing under zCDP). Smooth and CSmooth are swap-neighbour mechanisms in the paper; their smooth-sensitivity bound
 also holds for add/remove neighbours (see :mod:`dpq_spark.core.smooth_sensitivity`).
+
+``FLOAT_SAFE`` says whether a mechanism's releases are fixed functions of integers sampled
+exactly from uniform random bits (issue 9), so that its guarantee survives floating point
+(Mironov, CCS 2012): ``agg_tree`` adds exact discrete Laplace noise to integer counts. Smooth,
+CSmooth and AppIndExp, the ``(epsilon, delta)`` and zCDP baselines kept for the paper's
+experiments, add continuous float noise and are *not* float-safe: their guarantee holds for the
+real-number mechanism only, and a released float may be impossible under a neighbouring dataset.
+Use them for experiments, not for releases.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from dpq_spark.core.choose import auto
 from dpq_spark.core.ind_exp import app_ind_exp
 from dpq_spark.core.smooth import csmooth, smooth
 
-__all__ = ["MECHANISMS", "GUARANTEES", "get_mechanism", "get_base_mechanism", "auto",
+__all__ = ["MECHANISMS", "GUARANTEES", "FLOAT_SAFE", "get_mechanism", "get_base_mechanism", "auto",
            "joint_exp", "ind_exp", "agg_tree", "approx_quantiles"]
 
 # The pure mechanisms as their modules define them (``lower``/``upper`` required) ...
@@ -83,6 +91,22 @@ GUARANTEES: dict[str, str] = {
     "agg_tree": "pure",
     "approx_quantiles": "pure",
 }
+
+#: True when every released number is a fixed function of exactly sampled integers (no float
+#: noise or float uniform decides an output). joint_exp, ind_exp and approx_quantiles draw through
+#: the exponential-mechanism samplers of joint_exp.py / single_quantile.py: they become True with
+#: the public-grid part of issue 9, not in this module.
+FLOAT_SAFE: dict[str, bool] = {
+    "auto": False,  # True once every mechanism it may pick is
+    "joint_exp": False,
+    "ind_exp": False,
+    "app_ind_exp": False,
+    "smooth": False,
+    "csmooth": False,
+    "agg_tree": True,
+    "approx_quantiles": False,
+}
+
 
 def get_base_mechanism(name: str) -> Callable:
     """The pure mechanism ``name`` as its module defines it (bounds required)."""

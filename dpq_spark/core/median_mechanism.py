@@ -3,8 +3,9 @@
 An analyst asks counting queries (predicates over a public finite domain ``X``) one at a time.
 The session keeps a public set of candidate databases; a query on which the candidates' median
 is already close to the truth is *easy* and answered from public state, the others are *hard* and
-answered with Laplace noise. Only the easy/hard tests and the hard answers touch the private
-histogram, and all of them go through :class:`~dpq_spark.core.sparse_vector.NumericSparse`.
+answered with discrete Laplace noise on integer counts (sampled exactly, no floating point).
+Only the easy/hard tests and the hard answers touch the private histogram, and all of them go
+through :class:`~dpq_spark.core.sparse_vector.NumericSparse`.
 
 References
 ----------
@@ -24,7 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 
+from fractions import Fraction
+
 from dpq_spark.core._random import resolve_rng
+from dpq_spark.core._samplers import achieved_epsilon, discrete_laplace, dlap_scale
 from dpq_spark.core._validation import _is_real, check_counts, check_epsilon, check_positive_int
 from dpq_spark.core.errors import DPQValueError, SessionHaltedError
 from dpq_spark.core.planner import plan_median_session
@@ -43,8 +47,9 @@ class AnswerKind(str, enum.Enum):
     """How an answer was produced.
 
     ``EASY``: the candidates' median, which passed the noisy test (no data access beyond the test).
-    ``HARD``: the true answer plus Laplace noise. ``UNVERIFIED``: the candidates' median after the
-    session halted; no test ran, nothing about the data is known about its accuracy.
+    ``HARD``: the true answer plus discrete Laplace noise (in units of ``1 / (n K)``).
+    ``UNVERIFIED``: the candidates' median after the session halted; no test ran, nothing about
+    the data is known about its accuracy.
     """
 
     EASY = "easy"
@@ -224,8 +229,8 @@ class MedianMechanism:
         answers. It fixes the noise scales, so it is chosen before the session starts.
     neighboring : {"swap", "add_remove"}, optional
         ``"swap"`` (default): ``n`` is public and each answer is a fraction of ``n`` rows.
-        ``"add_remove"``: ``n_hat = max(1, round(n + Lap(1 / (0.1 epsilon))))`` is released first;
-        answers are counts divided by ``n_hat``.
+        ``"add_remove"``: ``n_hat = max(1, n + DLap(1 / (0.1 epsilon)))`` (discrete Laplace, exact)
+        is released first; answers are counts divided by ``n_hat``.
     candidates : {"auto", "exact", "sampled"} or array-like of shape (N, d), optional
         ``"exact"``: all size-``candidate_size`` databases over ``X`` (multisets).
         ``"sampled"``: ``n_candidates`` databases of ``candidate_size`` rows drawn from ``prior``,
@@ -245,8 +250,9 @@ class MedianMechanism:
     after_halt : {"raise", "candidate_median"}, optional
         After ``c`` hard answers: raise :class:`SessionHaltedError` (default), or answer with the
         candidates' median marked ``"unverified"`` at no privacy cost.
-    rng : numpy.random.Generator or None, optional
-        Source of randomness; ``None`` draws fresh OS entropy.
+    rng : numpy.random.Generator, RandomSource or None, optional
+        Source of randomness; ``None`` (production) is the OS cryptographic generator. A seeded
+        generator is for tests and reproducible experiments only.
     expected_queries : int, optional
         Plan the session instead of passing ``accuracy`` and ``max_hard_queries``:
         :func:`~dpq_spark.core.planner.plan_median_session` chooses both from ``|X|``, ``n``
@@ -264,6 +270,15 @@ class MedianMechanism:
 
     Notes
     -----
+    Integer units. With ``K`` rows per candidate database and ``L = n K`` (``n`` the public or
+    released row count, an integer), the true answer ``count / n`` is the integer ``count * K``
+    in units of ``1 / L`` and a candidate median ``c_m / K`` is the integer ``c_m * n``; so every
+    test value below is an integer with sensitivity ``K`` (one row changes ``count`` by at most 1),
+    the noise is discrete Laplace sampled exactly on the integers, and a hard answer is the
+    released fraction ``(count * K + noise) / L`` (clipped to ``[0, 1]``), computed from the noisy
+    integer afterwards. The threshold ``2 alpha`` becomes ``ceil(2 alpha L)``. The scales below
+    are in fraction units (divide the integer scales by ``L``).
+
     This is Dwork and Roth's OnlineIC (Algorithm 11) with the candidates' median as the current
     hypothesis, driving NumericSparse (Algorithm 3, ``delta = 0``) with budget
     ``epsilon_svt = epsilon`` (swap) or ``0.9 epsilon`` (add/remove) and sensitivity
@@ -272,9 +287,9 @@ class MedianMechanism:
     candidate median ``m``:
 
     1. test ``g_1 = f(D) - m``, then (if it did not fire) ``g_2 = m - f(D)``; a test fires when
-       ``g + Lap(2 sigma(epsilon_1)) >= T_hat``, where ``T_hat = 2 alpha + Lap(sigma(epsilon_1))``
+       ``g + DLap(2 sigma(epsilon_1)) >= T_hat``, where ``T_hat = 2 alpha + DLap(sigma(epsilon_1))``
        is redrawn only after a hard answer;
-    2. no test fires: answer ``m`` (easy); a test fires: answer ``f(D) + Lap(sigma(epsilon_2))``
+    2. no test fires: answer ``m`` (easy); a test fires: answer ``f(D) + DLap(sigma(epsilon_2))``
        (hard), clipped to ``[0, 1]``, then drop the candidates farther than ``alpha`` from it;
     3. after ``c`` hard answers, halt.
 
@@ -304,7 +319,11 @@ class MedianMechanism:
     they are chosen (adaptively), under the chosen neighbouring relation with one row of the
     histogram as the unit of privacy. Swap treats ``n`` as public. Add/remove spends
     ``0.1 epsilon`` on ``n_hat`` and ``0.9 epsilon`` on NumericSparse (Theorem 3.27, with Theorem
-    5.13 for the session). The candidates, the prior and the refill use only public information
+    5.13 for the session). Every noise scale is rounded *up* to a rational, so the epsilon actually
+    achieved (:attr:`achieved_epsilon`) is at most ``epsilon`` (by a relative ``2**-20`` at most).
+    All noise is discrete Laplace sampled exactly from the random source's bits, and every
+    released hard answer is a fixed function of a noisy integer, so the guarantee is not undone by
+    floating point (Mironov 2012). The candidates, the prior and the refill use only public information
     and released answers, so privacy never depends on them; only accuracy does. After the halt
     the histogram is never read again.
 
@@ -359,30 +378,35 @@ class MedianMechanism:
         self._prior = options["prior"]
         given = options["given"]
         self._rng = resolve_rng(rng)
+        # Candidate databases are public (prior and released answers only): a numpy generator
+        # seeded from the source draws them; it never touches noise.
+        self._public_rng = self._rng.public_generator()
 
         # Public candidates (no data involved).
         if mode == "exact":
             self._candidates = _Candidates(_exact_candidates(d, self.candidate_size), self.candidate_size)
         elif mode == "sampled":
             self._candidates = _Candidates(
-                _sample_candidates(self._prior, self.candidate_size, self.n_candidates, self._rng),
+                _sample_candidates(self._prior, self.candidate_size, self.n_candidates, self._public_rng),
                 self.candidate_size,
             )
         else:
             self._candidates = _Candidates(given[0], given[1])
         self._fit = _PublicFit(self._prior) if mode == "sampled" else None
 
-        # The data enters here: n (public under swap, released with Laplace noise otherwise).
-        n_true = float(hist.sum())
+        # The data enters here: n (public under swap, released with discrete Laplace noise
+        # otherwise). Counts are whole numbers below 2**53 (check_counts), so int() is exact.
+        n_true = int(hist.sum())
         if self.neighboring is NeighboringRelation.SWAP:
             if n_true < 1:
                 raise ValueError("`histogram` must count at least one row under swap neighbours")
             self.count_epsilon = 0.0
+            self.count_noise_scale = None
             self.n = n_true
         else:
             self.count_epsilon = COUNT_SHARE * self.epsilon
-            noisy = n_true + self._rng.laplace(0.0, 1.0 / self.count_epsilon)
-            self.n = float(max(1.0, round(noisy)))
+            self.count_noise_scale = dlap_scale(1, self.count_epsilon)
+            self.n = max(1, n_true + discrete_laplace(self._rng, self.count_noise_scale))
         self.plan = None
         if options["expected_queries"] is not None:
             # planned session (dpq_spark.core.planner): public inputs only, before any query
@@ -397,10 +421,11 @@ class MedianMechanism:
             self.accuracy = self.plan.accuracy
             self.max_hard_queries = self.plan.max_hard_queries
         self._histogram = hist
+        self._units = self.n * self._candidates.size  # L: answers are integers in units of 1/L
         self._svt = NumericSparse(
             epsilon=self.epsilon - self.count_epsilon,
-            sensitivity=1.0 / self.n,
-            threshold=2.0 * self.accuracy,
+            sensitivity=self._candidates.size,
+            threshold=2 * Fraction(self.accuracy) * self._units,
             max_above=self.max_hard_queries,
             rng=self._rng,
         )
@@ -531,24 +556,32 @@ class MedianMechanism:
         return min(self.count_epsilon + self._svt.epsilon_spent, self.epsilon)
 
     @property
+    def achieved_epsilon(self) -> float:
+        """The epsilon the rounded-up noise scales actually give (``<= epsilon``)."""
+        count = 0.0 if self.count_noise_scale is None else achieved_epsilon(1, self.count_noise_scale)
+        return count + self._svt.achieved_epsilon
+
+    @property
     def threshold(self) -> float:
         """The public threshold ``T = 2 * accuracy``."""
-        return self._svt.threshold
+        return 2.0 * self.accuracy
 
     @property
     def threshold_noise_scale(self) -> float:
-        """Laplace scale of the noisy threshold, ``sigma(epsilon_1)``."""
-        return self._svt.threshold_noise_scale
+        """Discrete Laplace scale of the noisy threshold, ``sigma(epsilon_1)``, in fraction units."""
+        return float(self._svt.threshold_noise_scale / self._units)
 
     @property
     def test_noise_scale(self) -> float:
-        """Laplace scale of the noise added to each test, ``2 sigma(epsilon_1)``."""
-        return self._svt.test_noise_scale
+        """Discrete Laplace scale of the noise added to each test, ``2 sigma(epsilon_1)``, in
+        fraction units."""
+        return float(self._svt.test_noise_scale / self._units)
 
     @property
     def answer_noise_scale(self) -> float:
-        """Laplace scale of the noise on hard answers, ``sigma(epsilon_2)``."""
-        return self._svt.answer_noise_scale
+        """Discrete Laplace scale of the noise on hard answers, ``sigma(epsilon_2)``, in fraction
+        units."""
+        return float(self._svt.answer_noise_scale / self._units)
 
     @property
     def n_current_candidates(self) -> int:
@@ -618,20 +651,24 @@ class MedianMechanism:
             return MedianAnswer(value, AnswerKind.UNVERIFIED, self.epsilon_spent, 0, index)
 
         maskf = mask.astype(np.float64)
-        cand = self._candidates.answers(maskf)
-        median = _lower_median(cand)
+        cand_counts = self._candidates.counts @ maskf  # whole numbers (public)
+        cand = cand_counts / self._candidates.size
+        median_count = int(_lower_median(cand_counts))
+        median = median_count / self._candidates.size
+        # In units of 1/L (L = n K): the candidates' median and the true answer as integers.
+        median_units = median_count * self.n
         # the only private read (a masked sum: a BLAS dot can stall on busy multi-threaded hosts)
-        true = float(self._histogram[mask].sum()) / self.n
-        above = self._svt.query(true - median)
+        true_units = int(self._histogram[mask].sum()) * self._candidates.size
+        above = self._svt.query(true_units - median_units)
         if above is not None:
-            noisy = median + above
+            noisy_units = median_units + above
         else:
-            above = self._svt.query(median - true)
-            noisy = None if above is None else median - above
+            above = self._svt.query(median_units - true_units)
+            noisy_units = None if above is None else median_units - above
         self.queries_answered += 1
-        if noisy is None:
+        if noisy_units is None:
             return MedianAnswer(median, AnswerKind.EASY, self.epsilon_spent, self.hard_queries_left, index)
-        value = min(max(noisy, 0.0), 1.0)
+        value = min(max(noisy_units, 0), self._units) / self._units  # exact int / int, rounded once
         self._update(mask, cand, value)
         return MedianAnswer(value, AnswerKind.HARD, self.epsilon_spent, self.hard_queries_left, index)
 
@@ -648,5 +685,5 @@ class MedianMechanism:
         self._fit.add(mask, value)
         missing = self.n_candidates - len(self._candidates)
         if len(self._candidates) < self.refill_below * self.n_candidates and missing > 0:
-            fresh = _sample_candidates(self._fit.p, self.candidate_size, missing, self._rng)
+            fresh = _sample_candidates(self._fit.p, self.candidate_size, missing, self._public_rng)
             self._candidates.add(fresh)

@@ -6,6 +6,11 @@ quantile, ``epsilon^2/2``-zCDP overall. Both are the paper's baselines. The pape
 neighbours (public n); under add/remove neighbours the order-statistic index ``floor((n - 1) q)``
 moves with n, and the same smooth-sensitivity bound still holds (proof sketch in
 :mod:`dpq_spark.core.smooth_sensitivity`).
+
+Not float-safe: both sample continuous noise in float64 (numpy's Laplace and normal draws), so
+their guarantees hold for the real-number mechanisms only; a released float can be impossible
+under a neighbouring dataset (Mironov, CCS 2012). They are kept as the paper's baselines
+(``FLOAT_SAFE`` in :mod:`dpq_spark.core.mechanisms` is False); ``dp_quantiles`` refuses them.
 """
 
 from __future__ import annotations
@@ -109,7 +114,8 @@ def smooth(
     ``(epsilon, delta)``-differential privacy for the chosen neighbouring relation, one row (one
     unit of multiplicity) being the unit of privacy: each quantile is ``(epsilon/m, delta/m)``-DP and
     basic composition adds them up. Assumes ``lower``, ``upper`` and ``quantiles`` are chosen
-    without looking at the data.
+    without looking at the data. Holds for the real-number mechanism; the float64 Laplace sampler
+    is not float-safe (see the module docstring): for experiments, not releases.
 
     Examples
     --------
@@ -235,6 +241,8 @@ def csmooth(
     quantile is ``eps'**2 / 2``-zCDP and m of them add up. This is not pure or
     ``(epsilon, delta)``-DP as stated; convert with ``rho + 2 sqrt(rho ln(1/delta))`` if needed.
     Assumes ``lower``, ``upper``, ``quantiles`` and ``t`` are chosen without looking at the data.
+    Holds for the real-number mechanism; the float64 sampler is not float-safe (see the module
+    docstring): for experiments, not releases.
 
     Examples
     --------

@@ -22,6 +22,7 @@ from dpq_spark.core._validation import (
     check_quantiles,
 )
 from dpq_spark.core.privacy import NeighboringRelation
+from dpq_spark.spark._compat import is_dataframe
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["QuantileRequest", "parse_request", "MAX_RESOLUTION"]
@@ -98,7 +99,7 @@ def _check_groups(groups, keys: tuple[str, ...]):
         return None
     if not keys:
         raise ValueError("`groups` lists group keys, so it needs `group_by`")
-    if isinstance(groups, DataFrame):
+    if is_dataframe(groups):
         have = set(groups.columns)
         missing = [k for k in keys if k not in have]
         if missing:
@@ -145,7 +146,7 @@ def parse_request(
     rng,
 ) -> QuantileRequest:
     """Validate the arguments of ``dp_quantiles``; see its docstring for the rules."""
-    if not isinstance(df, DataFrame):
+    if not is_dataframe(df):
         raise TypeError(f"`df` must be a pyspark.sql.DataFrame, got {type(df).__name__}")
     q = check_quantiles(quantiles)
     eps = check_epsilon(epsilon)

@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dpq_spark.spark._compat import is_dataframe
 from dpq_spark.spark._release import CELL, CODE, COUNT, GID, UNITS
 
 __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "bound_contributions",
@@ -28,7 +29,7 @@ def key_frame(df: DataFrame, keys: tuple[str, ...], groups) -> DataFrame:
     """The public keys as a distinct DataFrame with the key columns typed as in ``df``."""
     spark = df.sparkSession
     fields = [T.StructField(k, df.schema[k].dataType, True) for k in keys]
-    if isinstance(groups, DataFrame):
+    if is_dataframe(groups):
         frame = groups.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in fields])
         return frame.distinct()
     try:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from dpq_spark.core._random import resolve_rng
+from dpq_spark.core._samplers import discrete_laplace
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "ReleaseParams", "cell_values", "release_group",
@@ -117,8 +118,9 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
     """The released values of one group, or ``None`` when partition selection drops it."""
     rng = _group_rng(params, key_hash)
     if params.threshold is not None:
-        size = float(counts.sum()) if units is None else float(units)
-        if size + rng.laplace(0.0, params.noise_scale) < params.threshold:
+        # integer unit count + exact discrete Laplace noise vs an integer threshold (_selection)
+        size = int(counts.sum()) if units is None else int(units)
+        if size + discrete_laplace(resolve_rng(rng), params.noise_scale) < params.threshold:
             return None
     mechanism = get_mechanism(params.mechanism)
     out = mechanism(

@@ -245,13 +245,15 @@ class MedianMechanismSession:
     def _cell_expression(self):
         from pyspark.sql import functions as F
 
+        from dpq_spark.spark._compat import try_cast
+
         cell = F.lit(0).cast("long")
         for (name, spec), levels in zip(self.domain.items(), self._levels):
             col = F.col(name)
             if isinstance(spec, NumericColumn):
                 # try_cast: an unparsable value becomes missing instead of an error that could
                 # quote it (ANSI mode)
-                x = col.try_cast("double") if hasattr(col, "try_cast") else col.cast("double")
+                x = try_cast(name, "double")
                 width = (spec.upper - spec.lower) / spec.bins
                 clamped = F.least(F.greatest(x, F.lit(spec.lower)), F.lit(spec.upper))
                 code = F.least(F.floor((clamped - F.lit(spec.lower)) / F.lit(width)), F.lit(spec.bins - 1))
@@ -466,17 +468,9 @@ class MedianMechanismSession:
 
 
 def _is_column(query) -> bool:
-    try:
-        from pyspark.sql import Column
-    except ImportError:  # pragma: no cover
-        return False
-    if isinstance(query, Column):
-        return True
-    try:
-        from pyspark.sql.connect.column import Column as ConnectColumn
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(query, ConnectColumn)
+    from dpq_spark.spark._compat import is_column
+
+    return is_column(query)
 
 
 def _check_real(value, name: str) -> float:

@@ -15,6 +15,7 @@ from pyspark.sql import types as T
 
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark._arguments import QuantileRequest, parse_request
+from dpq_spark.spark._compat import create_dataframe, to_arrow
 from dpq_spark.spark._release import (
     CELL,
     CODE,
@@ -175,7 +176,7 @@ def dp_quantiles(
     key_table = None
     if req.groups is not None:  # public keys: collect them (|groups| rows) and index them
         key_df = flow.key_frame(req.df, req.keys, req.groups)
-        key_table = key_df.select(*req.keys, _key_hash(req.keys)).toArrow()
+        key_table = to_arrow(key_df.select(*req.keys, _key_hash(req.keys)))
     params, rows = _plan(req, key_table)
     if key_table is not None:
         table = _release_public_keys(req, params, rows, key_table)
@@ -224,7 +225,7 @@ def _plan(req: QuantileRequest, key_table):
             GID, pa.array(np.arange(key_table.num_rows, dtype=np.int64)))
         schema = T.StructType([*_output_schema(req).fields[:len(req.keys)],
                                T.StructField(GID, T.LongType(), False)])
-        index_df = req.df.sparkSession.createDataFrame(index, schema=schema)
+        index_df = create_dataframe(req.df.sparkSession, index, schema)
         rows = flow.attach_key_index(
             rows, req.keys, index_df, broadcast=key_table.num_rows <= _BROADCAST_KEYS,
             null_safe=any(key_table.column(k).null_count for k in req.keys))
@@ -267,7 +268,7 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         for frame in release_partition(batches, params):
             yield pa.RecordBatch.from_pandas(frame, schema=arrow_schema, preserve_index=False)
 
-    released = codes.mapInArrow(fn, schema=schema).toArrow()
+    released = to_arrow(codes.mapInArrow(fn, schema=schema))
     gids = released.column(GID).to_numpy()
     quantile = [released.column("quantile")]
     value = [released.column("value")]
@@ -306,13 +307,13 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
     def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
         return release_partition(batches, params)
 
-    return cells.mapInPandas(fn, schema=_output_schema(req)).toArrow()
+    return to_arrow(cells.mapInPandas(fn, schema=_output_schema(req)))
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
     """Collect the (at most ``resolution``) cell counts and run the mechanism on the driver."""
     counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
-    pdf = counts.toArrow().to_pandas()
+    pdf = to_arrow(counts).to_pandas()
     if pdf.empty:
         pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
     out = release_group(pdf, params)
@@ -322,5 +323,5 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
 def _materialise(req: QuantileRequest, table) -> DataFrame:
     """Return a DataFrame over the collected rows, sorted by key then quantile."""
     spark = req.df.sparkSession
-    out = spark.createDataFrame(table, schema=_output_schema(req))
+    out = create_dataframe(spark, table, _output_schema(req))
     return out.orderBy(*[F.col(k).asc_nulls_first() for k in req.keys], "quantile")

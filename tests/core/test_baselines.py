@@ -90,7 +90,7 @@ def test_shared_validation_counts_length(name):
 
 @pytest.mark.parametrize("name", BASELINES)
 def test_shared_validation_rng_type(name):
-    with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator or None, got int"):
+    with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator, a RandomSource or None, got int"):
         _call(name, [1.0, 2.0], rng=42)
 
 

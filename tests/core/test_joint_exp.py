@@ -65,7 +65,7 @@ def test_invalid_arguments_are_refused(overrides, error, match):
 
 
 def test_rng_must_be_a_generator():
-    with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator or None, got int"):
+    with pytest.raises(TypeError, match=r"`rng` must be a numpy.random.Generator, a RandomSource or None, got int"):
         joint_exp([1.0], [0.5], epsilon=1.0, lower=0.0, upper=1.0, rng=7)
 
 

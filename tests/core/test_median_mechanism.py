@@ -2,28 +2,41 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from scipy import sparse, stats
 
 import dpq_spark.core.median_mechanism as mm_module
+import dpq_spark.core.sparse_vector as svt_module
+from dpq_spark.core._samplers import discrete_laplace, dlap_scale
 from dpq_spark.core.errors import SessionHaltedError
 from dpq_spark.core.median_mechanism import AnswerKind, MedianMechanism
 from dpq_spark.core.sparse_vector import NumericSparse
 
 
-class RecordingGenerator(np.random.Generator):
-    """A Generator that records the scale of every Laplace draw."""
+@pytest.fixture
+def noise_scales(monkeypatch):
+    """Record the scale of every discrete Laplace draw of the session (the real sampler runs)."""
+    scales = []
 
-    def __init__(self, seed):
-        super().__init__(np.random.PCG64(seed))
-        self.laplace_scales = []
+    def recording(source, scale, size=None):
+        scales.append(scale)
+        return discrete_laplace(source, scale, size)
 
-    def laplace(self, loc=0.0, scale=1.0, size=None):
-        self.laplace_scales.append(scale)
-        return super().laplace(loc, scale, size)
+    monkeypatch.setattr(svt_module, "discrete_laplace", recording)
+    monkeypatch.setattr(mm_module, "discrete_laplace", recording)
+    return scales
+
+
+def dlap_cdf(y, scale):
+    """Exact ``P(Y <= y)`` of the discrete Laplace with ``P(y) ∝ exp(-|y| / scale)``."""
+    q = math.exp(-1.0 / float(scale))
+    y = np.asarray(y, dtype=float)
+    return np.where(y >= 0, 1.0 - q ** (y + 1) / (1 + q), q ** (-y) / (1 + q))
 
 
 class Poison:
@@ -78,34 +91,50 @@ def test_noise_scales_match_formulas_add_remove():
     assert mm.epsilon_spent == pytest.approx(0.1 * eps)
 
 
-def test_every_laplace_draw_uses_the_formula_scale():
-    rng = RecordingGenerator(3)
-    c, n = 3, 1_000_000
-    mm = always_hard(c, n=n, rng=rng)
-    s1, s2 = mm.threshold_noise_scale, mm.answer_noise_scale
-    assert rng.laplace_scales == [s1]  # the first noisy threshold
+def test_every_noise_draw_uses_the_formula_scale(noise_scales):
+    c, n, k = 3, 1_000_000, 10  # the single candidate database has k = 10 rows
+    mm = always_hard(c, n=n)
+    # integer units of 1 / (n k): sensitivity k, sigma(e) = 2 c k / e rounded up
+    s1 = dlap_scale(2 * c * k, 8 * 1.0 / 9)
+    s2 = dlap_scale(2 * c * k, 2 * 1.0 / 9)
+    assert s1 >= Fraction(2 * c * k) / Fraction(8 / 9) and s2 >= Fraction(2 * c * k) / Fraction(2 / 9)
+    assert noise_scales == [s1]  # the first noisy threshold
     mm.ask(QUERY)  # hard: test noise, answer noise, threshold redraw
-    assert rng.laplace_scales == [s1, 2 * s1, s2, s1]
+    assert noise_scales == [s1, 2 * s1, s2, s1]
     mm.ask(QUERY)
     mm.ask(QUERY)  # the c-th hard answer: no threshold is drawn after it
-    assert rng.laplace_scales == [s1, 2 * s1, s2, s1, 2 * s1, s2, s1, 2 * s1, s2]
+    assert noise_scales == [s1, 2 * s1, s2, s1, 2 * s1, s2, s1, 2 * s1, s2]
+    assert mm.threshold_noise_scale == float(s1 / (n * k))
+    assert mm.achieved_epsilon <= 1.0 and mm.achieved_epsilon == pytest.approx(1.0, rel=1e-5)
 
 
-def test_add_remove_releases_n_with_its_share_first():
-    rng = RecordingGenerator(4)
-    MedianMechanism(np.full(4, 25), epsilon=1.0, accuracy=0.1, max_hard_queries=2,
-                    neighboring="add_remove", candidate_size=3, rng=rng)
-    assert rng.laplace_scales[0] == pytest.approx(1 / 0.1)
+def test_add_remove_releases_n_with_its_share_first(noise_scales):
+    mm = MedianMechanism(np.full(4, 25), epsilon=1.0, accuracy=0.1, max_hard_queries=2,
+                         neighboring="add_remove", candidate_size=3, rng=np.random.default_rng(4))
+    assert noise_scales[0] == dlap_scale(1, 0.1) == 10
+    assert isinstance(mm.n, int) and mm.n >= 1
 
 
-def test_hard_answer_noise_is_laplace_with_the_formula_scale():
-    c = 2000
+def test_hard_answer_noise_is_discrete_laplace_with_the_formula_scale():
+    c, n, k = 2000, 1_000_000, 10
     mm = always_hard(c, rng=np.random.default_rng(5))
+    units = n * k
     values = np.array([mm.ask(QUERY).value for _ in range(c)])
-    scale = mm.answer_noise_scale
-    assert stats.kstest(values, stats.laplace(0.5, scale).cdf).pvalue > 1e-3
+    noise = np.rint(values * units).astype(np.int64) - units // 2  # the integer noise, recovered
+    # every value is a point of the 1/(n k) grid: an integer divided by n k, rounded once
+    assert all(v == (int(z) + units // 2) / units for v, z in zip(values, noise))
+    scale = mm._svt.answer_noise_scale
+    assert float(scale) == pytest.approx(9 * c * k / 1.0, rel=1e-5)
+    edges = np.unique(np.quantile(noise, np.linspace(0, 1, 21)[1:-1]).astype(np.int64))
+    observed = np.bincount(np.searchsorted(edges, noise, side="left"), minlength=edges.size + 1)
+
+    def pvalue(s):
+        cdf = np.concatenate([[0.0], dlap_cdf(edges, s), [1.0]])
+        return stats.chisquare(observed, np.diff(cdf) * c).pvalue
+
+    assert pvalue(scale) > 1e-3
     for wrong in (0.7, 1.3):
-        assert stats.kstest(values, stats.laplace(0.5, wrong * scale).cdf).pvalue < 1e-6
+        assert pvalue(float(scale) * wrong) < 1e-6
 
 
 # ------------------------------------------------------------------------------ halting
@@ -152,31 +181,31 @@ def test_poison_would_be_noticed_before_the_halt():
 
 # ------------------------------------------------------------------------------ SVT details
 def test_threshold_is_redrawn_only_after_an_above_threshold_answer():
-    svt = NumericSparse(epsilon=1.0, sensitivity=0.001, threshold=0.5, max_above=3,
+    svt = NumericSparse(epsilon=1.0, sensitivity=1000, threshold=500_000, max_above=3,
                         rng=np.random.default_rng(6))
     assert svt.threshold_draws == 1
     before = svt._noisy_threshold
     for _ in range(50):
-        assert svt.query(0.0) is None
+        assert svt.query(0) is None
     assert svt.threshold_draws == 1 and svt._noisy_threshold == before
-    assert svt.query(10.0) is not None
+    assert isinstance(svt.query(10**7), int)
     assert svt.threshold_draws == 2 and svt._noisy_threshold != before
-    assert svt.query(10.0) is not None
-    assert svt.query(10.0) is not None
+    assert svt.query(10**7) is not None
+    assert svt.query(10**7) is not None
     assert svt.halted and svt.threshold_draws == 3
     with pytest.raises(SessionHaltedError):
-        svt.query(0.0)
+        svt.query(0)
 
 
 def test_epsilon_spent_counts_rounds():
-    svt = NumericSparse(epsilon=0.9, sensitivity=0.001, threshold=0.5, max_above=3,
+    svt = NumericSparse(epsilon=0.9, sensitivity=1000, threshold=500_000, max_above=3,
                         rng=np.random.default_rng(7))
     assert svt.epsilon_spent == 0.0
-    svt.query(0.0)  # an open round costs its test share
+    svt.query(0)  # an open round costs its test share
     assert svt.epsilon_spent == pytest.approx(0.8 / 3)
-    svt.query(0.0)
+    svt.query(0)
     assert svt.epsilon_spent == pytest.approx(0.8 / 3)
-    svt.query(10.0)  # a closed round costs epsilon / c
+    svt.query(10**7)  # a closed round costs epsilon / c
     assert svt.epsilon_spent == pytest.approx(0.3)
 
 
@@ -211,11 +240,12 @@ def test_callable_query_and_privacy_independent_of_candidates():
                          n_candidates=10, rng=np.random.default_rng(10))
     answer = mm.ask(lambda idx: idx < 2)
     assert answer.index == 0 and 0.0 <= answer.value <= 1.0
-    # the noise scales depend only on epsilon, c and n, never on the candidates
+    # the noise scales depend only on epsilon, c and n, never on the candidates (up to the
+    # rounding up of the integer-unit scale, below 2**-20 relative, which depends on the public K)
     other = MedianMechanism(hist, epsilon=1.0, accuracy=0.1, max_hard_queries=3,
                             candidates=np.eye(4) * 3, rng=np.random.default_rng(11))
-    assert other.test_noise_scale == mm.test_noise_scale
-    assert other.answer_noise_scale == mm.answer_noise_scale
+    assert other.test_noise_scale == pytest.approx(mm.test_noise_scale, rel=2**-19)
+    assert other.answer_noise_scale == pytest.approx(mm.answer_noise_scale, rel=2**-19)
 
 
 # ------------------------------------------------------------------------------ repeated workload
@@ -242,9 +272,8 @@ def test_repeating_a_workload_makes_hard_queries_vanish():
 class NoTestNoise(NumericSparse):
     """Broken: the test compares the exact query value with the noisy threshold."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.test_noise_scale = 0.0
+    def _test_noise(self):
+        return 0
 
 
 class ThresholdRedrawnPerQuery(NumericSparse):
@@ -329,15 +358,17 @@ def test_session_transcripts_stay_within_e_epsilon(monkeypatch, variant, runs, p
 # only through it), with enough runs to expose the threshold redrawn per test: its leak is slow
 # (each easy answer leaks a little), so the workload is 22 near-threshold queries moving in the
 # same direction and then one moving the other way, at epsilon = 4 where 150,000 runs resolve it.
+# Integer queries (units of 1/5): sensitivity 5, values -7 and -2 (i.e. -1.4 and -0.4).
 SVT_EPS = 4.0
-SVT_VALUES_D = [-1.4] * 22 + [-0.4]
-SVT_VALUES_D_PRIME = [-0.4] * 22 + [-1.4]
+SVT_SENSITIVITY = 5
+SVT_VALUES_D = [-7] * 22 + [-2]
+SVT_VALUES_D_PRIME = [-2] * 22 + [-7]
 
 
 def stream_transcripts(values, runs, rng, variant):
     counts = Counter()
     for _ in range(runs):
-        svt = variant(epsilon=SVT_EPS, sensitivity=1.0, threshold=0.0, max_above=1, rng=rng)
+        svt = variant(epsilon=SVT_EPS, sensitivity=SVT_SENSITIVITY, threshold=0, max_above=1, rng=rng)
         transcript = ("none",)
         for i, value in enumerate(values):
             out = svt.query(value)

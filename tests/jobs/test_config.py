@@ -68,21 +68,37 @@ def test_every_example_config_is_valid():
         os.chdir(cwd)
 
 
-def test_load_and_override(tmp_path):
-    path = tmp_path / "job.toml"
+def test_load_and_override(tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    path = conf / "job.toml"
     path.write_text(
         '[input]\nformat="csv"\npath="%s"\ncolumn="average_rating"\n'
         '[release]\nquantiles=[0.5]\nepsilon=1.0\nlower=0\nupper=5\n'
-        '[output]\npath="out/{timestamp}"\n'
+        '[output]\npath="../out/{timestamp}"\n'
         '[ledger]\npath="l.sqlite"\ndataset_id="d"\nepsilon_cap=2\n' % DATA)
-    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    monkeypatch.chdir(ROOT)  # somewhere else: file paths follow the file, not the cwd
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
     cfg = load_config(str(path), [parse_override("release.epsilon=0.25"),
                                   parse_override("release.quantiles=\"quartiles\""),
                                   ("output", "mode", "overwrite")], now=now)
     assert cfg.release.epsilon == 0.25 and len(cfg.release.quantiles) == 3
-    assert cfg.output.path == os.path.abspath("out/20260102T030405Z")
+    head, stamp = os.path.split(cfg.output.path)
+    assert head == str(tmp_path / "out") and stamp.startswith("20260102T030405.678901Z-")
     assert cfg.output.mode == "overwrite"
-    assert os.path.isabs(cfg.ledger.path)
+    assert cfg.ledger.url == f"sqlite://{conf / 'l.sqlite'}" and cfg.ledger.create is False
+    # flags are relative to the working directory, and --ledger replaces the file's ledger
+    cfg = load_config(str(path), [("ledger", "url", "other.sqlite")], now=now)
+    assert cfg.ledger.url == f"sqlite://{os.path.join(ROOT, 'other.sqlite')}"
+    cfg = load_config(str(path), [("ledger", "url", "postgresql://dpq@db:5432/p")])
+    assert cfg.ledger.url == "postgresql://dpq@db:5432/p"
+
+
+def test_timestamped_outputs_never_collide():
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    raw = with_(lambda r: r["output"].update(path="/tmp/o/{timestamp}"))
+    paths = {parse_config(raw, now=now).output.path for _ in range(50)}
+    assert len(paths) == 50  # the same microsecond still gives distinct paths
 
 
 def test_override_values_are_toml_or_strings():
@@ -172,7 +188,16 @@ CASES = [
     ("bad placeholder", lambda r: r["output"].update(path="out/{date}"), r"placeholder \{timestamp\}"),
     ("bad output format", lambda r: r["output"].update(format="xlsx"), r"`output.format` must be one of"),
     ("append mode", lambda r: r["output"].update(mode="append"), r"`output.mode` must be one of"),
-    ("remote ledger", lambda r: r["ledger"].update(path="s3a://b/l.sqlite"), r"`ledger.path` must be a local file"),
+    ("remote ledger path", lambda r: r["ledger"].update(path="s3a://b/l.sqlite"), r"`ledger.path` must be a local SQLite file"),
+    ("url and path", lambda r: r["ledger"].update(url="sqlite:///x"), r"exactly one of `ledger.url` and `ledger.path`"),
+    ("no ledger location", lambda r: r["ledger"].pop("path"), r"exactly one of `ledger.url` and `ledger.path`"),
+    ("password in url", lambda r: (r["ledger"].pop("path"), r["ledger"].update(url="postgresql://u:hunter2@db/x")), r"must not contain a password \('postgresql://u:\*\*\*@db/x'\)"),
+    ("password parameter", lambda r: (r["ledger"].pop("path"), r["ledger"].update(url="postgresql://u@db/x?password=hunter2")), r"must not contain a password"),
+    ("bad scheme", lambda r: (r["ledger"].pop("path"), r["ledger"].update(url="mysql://db/x")), r"`ledger.url` must be sqlite:///PATH or postgresql://"),
+    ("relative sqlite url", lambda r: (r["ledger"].pop("path"), r["ledger"].update(url="sqlite://rel.db")), r"sqlite:///ABSOLUTE/PATH"),
+    ("create not bool", lambda r: r["ledger"].update(create="yes"), r"`ledger.create` must be true or false"),
+    ("password file for sqlite", lambda r: r["ledger"].update(password_file="/etc/hostname"), r"`ledger.password_file` is only for a PostgreSQL"),
+    ("password file missing", lambda r: (r["ledger"].pop("path"), r["ledger"].update(url="postgresql://u@db/x", password_file="/nonexistent/pw")), r"`ledger.password_file` .* does not exist"),
     ("missing dataset id", lambda r: r["ledger"].pop("dataset_id"), r"`ledger.dataset_id` is required"),
     ("missing cap", lambda r: r["ledger"].pop("epsilon_cap"), r"`ledger.epsilon_cap` is required"),
     ("bad cap", lambda r: r["ledger"].update(epsilon_cap=0), r"`ledger.epsilon_cap` must be finite and > 0"),

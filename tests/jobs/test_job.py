@@ -12,8 +12,8 @@ import pytest
 
 from dpq_spark.config import load_config, parse_config
 from dpq_spark.core.errors import BudgetExceededError
-from dpq_spark.job import main, read_input, run_job
-from dpq_spark.ledger import Ledger
+from dpq_spark.job import FAULT_ENV, main, read_input, run_job
+from dpq_spark.ledger import open_ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOODREADS = os.path.join(ROOT, "data", "goodreads_books.csv")
@@ -32,7 +32,12 @@ def small_csv(tmp_path) -> str:
     return str(path)
 
 
-def toml(tmp_path, data: str, *, out="out/rel", cap=1e6, epsilon=1e5, extra="") -> str:
+def Ledger(path):
+    return open_ledger(str(path))
+
+
+def toml(tmp_path, data: str, *, out="out/rel", cap=1e6, epsilon=1e5, extra="",
+         ledger=None) -> str:
     text = f"""
 [input]
 format = "csv"
@@ -54,9 +59,10 @@ path = "{tmp_path / out}"
 format = "csv"
 
 [ledger]
-path = "{tmp_path / 'ledger.sqlite'}"
+url = "{ledger or 'sqlite://' + str(tmp_path / 'ledger.sqlite')}"
 dataset_id = "scores"
 epsilon_cap = {cap}
+create = true
 {extra}"""
     path = tmp_path / "job.toml"
     path.write_text(text)
@@ -75,8 +81,8 @@ def test_read_input_drops_malformed_rows_and_strips_header(spark, tmp_path):
     assert df.columns == ["grp", "score"]
     assert dict(df.schema["score"].jsonValue()) ["type"] == "double"
     rows = df.collect()
-    assert len(rows) == 201  # 200 good rows + the non-numeric one; malformed rows are gone
-    assert sum(r.score is None for r in rows) == 1
+    assert len(rows) == 200  # malformed rows (also the non-numeric score) are dropped
+    assert sum(r.score is None for r in rows) == 0
 
 
 def test_read_input_goodreads(spark, tmp_path):
@@ -113,7 +119,8 @@ def test_job_writes_release_commits_ledger_and_logs_no_data(spark, tmp_path, cap
     assert (rec.status, rec.output, rec.epsilon) == ("committed", out, 1e5)
     # logs: stages, timings and public parameters; never values or counts
     text = "\n".join(r.getMessage() for r in caplog.records).replace(str(tmp_path), "<tmp>")
-    for stage in ("reserve budget", "read input", "release", "write output", "commit ledger"):
+    for stage in ("open ledger", "check input", "reserve budget", "release", "write output",
+                  "commit ledger"):
         assert f"stage {stage}: done in" in text
     assert '"epsilon": 100000.0' in text
     for v in rel["value"]:
@@ -145,17 +152,89 @@ def test_budget_is_checked_before_any_data_is_read(spark, tmp_path):
     os.remove(data)  # reading would fail: the refusal must come first
     with pytest.raises(BudgetExceededError, match="asks for epsilon=1 but only epsilon=0.5"):
         run_job(cfg)
-    assert [r.status for r in Ledger(cfg.ledger.path).records("scores")] == ["committed"]
+    assert [r.status for r in Ledger(cfg.ledger.url).records("scores")] == ["committed"]
     assert not os.path.exists(tmp_path / "out" / "second")
 
 
-def test_failure_before_sampling_gives_the_budget_back(spark, tmp_path, caplog):
-    config = toml(tmp_path, small_csv(tmp_path), cap=1.0, epsilon=1.0)
+def test_input_problems_are_refused_before_any_reservation(spark, tmp_path, caplog):
+    data = small_csv(tmp_path)
+    config = toml(tmp_path, data, cap=1.0, epsilon=1.0)
+    ledger_file = tmp_path / "ledger.sqlite"
     assert main(["--config", config, "--column", "price"]) == 2  # no such column in the data
-    (rec,) = Ledger(str(tmp_path / "ledger.sqlite")).records("scores")
-    assert rec.status == "cancelled" and "ConfigError" in rec.note
     assert "`input.column` names column 'price'" in caplog.text
+    assert not ledger_file.exists() or Ledger(ledger_file).records("scores") == []
+    # a Parquet string column: refused by its type, before the budget is touched
+    pd.DataFrame({"v": ["1.5", "2.5", "x"], "g": ["a", "b", "a"]}).to_parquet(tmp_path / "s.pq")
+    assert main(["--config", config, "--set", 'input.format="parquet"', "--set",
+                 "input.csv={}", "--input", str(tmp_path / "s.pq"), "--column", "v",
+                 "--set", "input.group_by=[\"g\"]"]) == 2
+    assert "`input.column` 'v' has type string in the input" in caplog.text
+    # a key file with a header and no keys
+    (tmp_path / "keys.csv").write_text("grp\n")
+    keyed = tmp_path / "keyed.toml"
+    keyed.write_text(open(config).read().replace('keys = ["a", "b", "c"]',
+                                                 f'path = "{tmp_path / "keys.csv"}"'))
+    assert main(["--config", str(keyed)]) == 2
+    assert "public keys in `groups.path`" in caplog.text and "are empty" in caplog.text
+    assert not ledger_file.exists() or Ledger(ledger_file).records("scores") == []
     assert main(["--config", config]) == 0  # the whole budget is still there
+
+
+def test_failfast_fails_and_gives_the_reservation_back(spark, tmp_path, caplog):
+    config = toml(tmp_path, small_csv(tmp_path), cap=1.0, epsilon=1.0,
+                  extra="")
+    assert main(["--config", config, "--set", 'input.csv={mode="FAILFAST"}']) == 2
+    assert '`input.csv.mode` is "FAILFAST" and the input has a malformed row' in caplog.text
+    assert "extra field" not in caplog.text and "not a number" not in caplog.text
+    (rec,) = Ledger(tmp_path / "ledger.sqlite").records("scores")
+    assert rec.status == "cancelled" and "ConfigError" in rec.note
+    assert not (tmp_path / "out").exists()
+    # power: the same file under DROPMALFORMED releases, so FAILFAST is what failed
+    assert main(["--config", config]) == 0
+
+
+def test_a_missing_ledger_is_never_created(spark, tmp_path, caplog):
+    config = toml(tmp_path, small_csv(tmp_path))
+    typo = tmp_path / "ledgr.sqlite"
+    assert main(["--config", config, "--set", "ledger.create=false", "--ledger", str(typo)]) == 2
+    assert f"ledger {typo}: does not exist" in caplog.text and not typo.exists()
+    # an existing ledger without this dataset: a mistyped dataset id is not a fresh budget
+    assert main(["--config", config]) == 0
+    assert main(["--config", config, "--set", "ledger.create=false", "--dataset-id", "scorez",
+                 "--output", str(tmp_path / "o2")]) == 2
+    assert "has no budget for dataset 'scorez'" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_sigterm_before_sampling_cancels_after_sampling_stays_charged(
+        spark, tmp_path, monkeypatch, caplog, backend, request):
+    url = (f"sqlite://{tmp_path / 'ledger.sqlite'}" if backend == "sqlite"
+           else request.getfixturevalue("pg_url"))
+    config = toml(tmp_path, small_csv(tmp_path), cap=2.0, epsilon=1.0, ledger=url)
+    monkeypatch.setenv(FAULT_ENV, "after_reserve")  # the job sends itself a real SIGTERM
+    assert main(["--config", config]) == 143
+    monkeypatch.setenv(FAULT_ENV, "after_sample_term")
+    assert main(["--config", config]) == 143
+    a, b = open_ledger(url).records("scores")
+    assert (a.status, a.note) == ("cancelled", "failed before sampling: JobInterrupted")
+    assert b.status == "spent" and "JobInterrupted; budget stays charged" in b.note
+    assert "stopped by signal SIGTERM" in caplog.text
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+    assert open_ledger(url).usage("scores").epsilon_remaining == 1.0
+    monkeypatch.delenv(FAULT_ENV)
+    assert main(["--config", config]) == 0  # the cancelled epsilon was given back
+
+
+def test_output_that_appears_during_the_run_is_not_exit_4(spark, tmp_path):
+    from dpq_spark.config import OutputConfig
+    from dpq_spark.job import OutputConflictError, write_release
+
+    target = tmp_path / "rel"
+    target.mkdir()
+    df = spark.createDataFrame([(0.5, 1.0)], ["quantile", "value"])
+    with pytest.raises(OutputConflictError, match="appeared while the job ran.*stays charged"):
+        write_release(df, OutputConfig(path=str(target), format="csv"), {}, record=7)
+    assert os.listdir(tmp_path) == ["rel"]  # no temporary directory left beside it
 
 
 def test_parquet_input_keys_from_file_and_table_input_keys_from_table(spark, tmp_path):
@@ -178,6 +257,7 @@ max_groups_per_unit = 2
 path = "{tmp_path / 'ledger.sqlite'}"
 dataset_id = "synthetic"
 epsilon_cap = 5000.0
+create = true
 """
     (tmp_path / "a.toml").write_text(f"""
 [input]
@@ -241,6 +321,7 @@ path = "{tmp_path / 'ledger.sqlite'}"
 dataset_id = "ps"
 epsilon_cap = 60.0
 delta_cap = 1.5e-6
+create = true
 """)
     assert main(["--config", str(tmp_path / "ps.toml")]) == 0
     rel = spark.read.parquet(str(tmp_path / "out")).toPandas()

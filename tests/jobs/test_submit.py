@@ -40,7 +40,8 @@ def _check_goodreads_release(result, out, ledger_path):
     (rec,) = Ledger(ledger_path).records("goodreads_books")
     assert rec.status == "committed" and rec.output == out
     logs = result.stdout + result.stderr  # spark-submit merges Python's stderr into stdout
-    for stage in ("reserve budget", "start spark", "read input", "release", "write output"):
+    for stage in ("open ledger", "start spark", "check input", "reserve budget", "release",
+                  "write output"):
         assert f"stage {stage}: done in" in logs
     return rel, logs
 

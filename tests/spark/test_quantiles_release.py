@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,8 @@ import pytest
 
 pytest.importorskip("pandas")
 
+from dpq_spark.core._random import resolve_rng  # noqa: E402
+from dpq_spark.core._samplers import discrete_laplace  # noqa: E402
 from dpq_spark.spark import _release  # noqa: E402
 from dpq_spark.spark._release import CELL, KEY_HASH, UNITS, ReleaseParams  # noqa: E402
 from dpq_spark.spark._selection import laplace_scale, selection_threshold  # noqa: E402
@@ -79,25 +82,43 @@ def test_cell_values_are_midpoints_inside_bounds():
     assert _release.cell_values(np.arange(4), p).tolist() == [-0.75, -0.25, 0.25, 0.75]
 
 
+def dlap_tail(k, scale):
+    """Exact ``P(Y >= k)`` for the discrete Laplace of ``scale`` and an integer ``k >= 1``."""
+    q = math.exp(-1.0 / float(scale))
+    return q**k / (1 + q)
+
+
 def test_selection_threshold_formula():
-    assert selection_threshold(1.0, 1e-6, 1) == pytest.approx(1 + math.log(1 / 2e-6))
-    assert laplace_scale(0.5, 3) == 6.0
-    # G keys per unit: delta_key = 1 - (1 - delta)^(1/G), scale G / eps.
-    dk = 1 - (1 - 1e-5) ** (1 / 4)
-    assert selection_threshold(2.0, 1e-5, 4) == pytest.approx(1 + 2.0 * math.log(1 / (2 * dk)))
+    assert laplace_scale(0.5, 3) == 6
+    for eps, delta, g in [(1.0, 1e-6, 1), (2.0, 1e-5, 4), (0.3, 1e-9, 7), (5.0, 0.05, 2)]:
+        tau = selection_threshold(eps, delta, g)
+        b = laplace_scale(eps, g)
+        assert isinstance(tau, int) and b >= Fraction(g) / Fraction(eps)
+        dk = -math.expm1(math.log1p(-delta) / g)
+        # the smallest integer threshold whose one-unit release probability is <= delta_key
+        assert dlap_tail(tau - 1, b) <= dk
+        assert tau - 1 == 1 or dlap_tail(tau - 2, b) > dk
+    # near the continuous threshold 1 + b ln(1 / (2 delta_key)), slightly above it
+    cont = 1 + math.log(1 / 2e-6)
+    assert cont <= selection_threshold(1.0, 1e-6, 1) <= cont + 2
 
 
 @pytest.mark.parametrize("groups", [1, 3])
-def test_new_key_released_with_probability_delta(groups):
-    """Monte Carlo: a key with one unit passes w.p. delta_key; G such keys: any w.p. ~delta.
-    A threshold that ignores G (the scale of one key) fails the same check."""
-    eps, delta, draws = 1.0, 0.05, 400_000
-    gen = np.random.default_rng(7)
+def test_new_key_released_with_probability_at_most_delta(groups):
+    """Monte Carlo with the exact sampler: a key with one unit passes w.p. P(Y >= tau - 1) (exact
+    formula); G such keys: any w.p. <= delta. A threshold that ignores G (the scale of one key)
+    lets far more through."""
+    eps, delta, draws = 1.0, 0.05, 300_000
+    src = resolve_rng(np.random.default_rng(7))
     tau = selection_threshold(eps, delta, groups)
-    noise = gen.laplace(0.0, laplace_scale(eps, groups), size=(draws, groups))
+    b = laplace_scale(eps, groups)
+    noise = discrete_laplace(src, b, size=(draws, groups))
+    expected = 1 - (1 - dlap_tail(tau - 1, b)) ** groups
+    assert expected <= delta
     any_released = np.mean(np.any(1 + noise >= tau, axis=1))
-    se = math.sqrt(delta * (1 - delta) / draws)
-    assert abs(any_released - delta) < 5 * se
+    se = math.sqrt(expected * (1 - expected) / draws)
+    assert abs(any_released - expected) < 5 * se
+    assert any_released < delta + 3 * se
     if groups > 1:  # power: the one-key threshold lets far more than delta through
         wrong = selection_threshold(eps / groups, delta, 1)
         assert np.mean(np.any(1 + noise >= wrong, axis=1)) > delta + 10 * se

@@ -1,0 +1,211 @@
+"""Exact integer samplers: chi-square against the exact pmf, with power against a wrong scale."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpq_spark.core import _samplers as S
+from dpq_spark.core._random import resolve_rng
+
+
+def source(seed):
+    return resolve_rng(np.random.default_rng(seed))
+
+
+def dlap_cdf(y, scale):
+    """Exact ``P(Y <= y)`` of the discrete Laplace with ``P(y) ∝ exp(-|y| / scale)``."""
+    q = math.exp(-1.0 / float(scale))
+    y = np.asarray(y, dtype=float)
+    return np.where(y >= 0, 1.0 - q ** (y + 1) / (1 + q), q ** (-y) / (1 + q))
+
+
+def geometric_cdf(y, scale):
+    q = math.exp(-1.0 / float(scale))
+    y = np.asarray(y, dtype=float)
+    return np.where(y >= 0, 1.0 - q ** (y + 1), 0.0)
+
+
+def binned_pvalue(draws, cdf, true_scale, scale, bins=20):
+    """Chi-square p-value of ``draws`` against ``cdf(., scale)``, on bins that are integer
+    quantile ranges of the true distribution (so every bin is well filled)."""
+    lo, hi = int(draws.min()) - 1, int(draws.max()) + 1
+    support = np.arange(lo, hi + 1)
+    c_true = cdf(support, true_scale)
+    cut = np.unique(np.searchsorted(c_true, np.arange(1, bins) / bins))
+    edges = support[cut]  # bin j is (edges[j-1], edges[j]]
+    upper = np.concatenate([edges, [np.iinfo(np.int64).max]])
+    c = np.concatenate([[0.0], cdf(edges, scale), [1.0]])
+    expected = np.diff(c) * draws.size
+    observed = np.bincount(np.searchsorted(upper, draws, side="left"), minlength=upper.size)
+    keep = expected > 0
+    assert observed[~keep].sum() == 0
+    return stats.chisquare(observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()).pvalue
+
+
+SCALES = [Fraction(1, 3), Fraction(4), S.dlap_scale(1, 0.3), Fraction(1000), 2.5]
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=str)
+def test_discrete_laplace_vector_matches_exact_pmf_and_rejects_20_percent_off(scale):
+    draws = S.discrete_laplace(source(1), scale, size=60_000)
+    assert draws.dtype == np.int64
+    assert binned_pvalue(draws, dlap_cdf, scale, scale) > 1e-3
+    for wrong in (float(scale) * 1.2, float(scale) * 0.8):
+        assert binned_pvalue(draws, dlap_cdf, scale, wrong) < 1e-6
+
+
+@pytest.mark.parametrize("scale", [Fraction(1, 3), Fraction(4), Fraction(1000)], ids=str)
+def test_discrete_laplace_scalar_matches_exact_pmf_and_rejects_20_percent_off(scale):
+    src = source(2)
+    draws = np.array([S.discrete_laplace(src, scale) for _ in range(15_000)])
+    assert all(isinstance(int(d), int) for d in draws[:5])
+    assert binned_pvalue(draws, dlap_cdf, scale, scale) > 1e-3
+    for wrong in (float(scale) * 1.2, float(scale) * 0.8):
+        assert binned_pvalue(draws, dlap_cdf, scale, wrong) < 1e-6
+
+
+def test_discrete_laplace_exact_cell_probabilities_at_small_scale():
+    # Scale 1/2: P(0) = (1 - q) / (1 + q), q = e^-2; check each of -3..3 cell by cell.
+    draws = S.discrete_laplace(source(3), Fraction(1, 2), size=200_000)
+    values = np.arange(-3, 4)
+    q = math.exp(-2.0)
+    pmf = (1 - q) / (1 + q) * q ** np.abs(values)
+    counts = np.array([(draws == v).sum() for v in values])
+    tail = draws.size - counts.sum()
+    obs = np.append(counts, tail)
+    exp = np.append(pmf, 1 - pmf.sum()) * draws.size
+    assert stats.chisquare(obs, exp).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("scale", [Fraction(3), Fraction(7, 2)], ids=str)
+def test_geometric_matches_exact_pmf_and_rejects_20_percent_off(scale):
+    draws = S.geometric(source(4), scale, size=50_000)
+    assert draws.min() >= 0
+    assert binned_pvalue(draws, geometric_cdf, scale, scale) > 1e-3
+    for wrong in (float(scale) * 1.2, float(scale) * 0.8):
+        assert binned_pvalue(draws, geometric_cdf, scale, wrong) < 1e-6
+    src = source(5)
+    scalar = np.array([S.geometric(src, scale) for _ in range(10_000)])
+    assert binned_pvalue(scalar, geometric_cdf, scale, scale) > 1e-3
+    assert binned_pvalue(scalar, geometric_cdf, scale, float(scale) * 1.2) < 1e-6
+
+
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 2)], ids=str)
+def test_bernoulli_exp_frequency_and_power(gamma):
+    src = source(6)
+    n = 20_000
+    hits = sum(S.bernoulli_exp(src, gamma) for _ in range(n))
+    assert stats.binomtest(hits, n, math.exp(-float(gamma))).pvalue > 1e-3
+    if gamma > 0:
+        for wrong in (1.2 * float(gamma), 0.8 * float(gamma)):
+            assert stats.binomtest(hits, n, math.exp(-wrong)).pvalue < 1e-6
+
+
+def test_vector_bernoulli_exp_frequency_and_power():
+    num = np.array([0, 1, 2, 3, 4, 5, 6, 7] * 5_000, dtype=np.int64)  # gamma = num / 7
+    got = S._bern_exp_le1_array(source(7), num, 7)
+    for k in range(8):
+        hits, n = int(got[num == k].sum()), int((num == k).sum())
+        assert stats.binomtest(hits, n, math.exp(-k / 7)).pvalue > 1e-4
+        if k >= 3:
+            assert stats.binomtest(hits, n, math.exp(-1.25 * k / 7)).pvalue < 1e-4
+
+
+def test_bernoulli_rational():
+    src = source(8)
+    hits = sum(S.bernoulli(src, Fraction(3, 7)) for _ in range(20_000))
+    assert stats.binomtest(hits, 20_000, 3 / 7).pvalue > 1e-3
+    assert stats.binomtest(hits, 20_000, 3 / 7 * 1.2).pvalue < 1e-6
+    assert not any(S.bernoulli(src, Fraction(0)) for _ in range(100))
+    assert all(S.bernoulli(src, Fraction(1)) for _ in range(100))
+
+
+def test_huge_numerator_falls_back_to_exact_scalar_path():
+    scale = Fraction(2**61 + 1, 2**20)  # t beyond the vectorised int64 range
+    draws = S.discrete_laplace(source(9), scale, size=2_000)
+    assert draws.dtype == np.int64
+    # |Y| is exponential-ish with mean ~ scale: the median of |Y| is ~ scale * ln 2.
+    ratio = np.median(np.abs(draws)) / float(scale)
+    assert 0.6 < ratio < 0.8
+
+
+def test_dlap_scale_rounds_up_with_bounded_denominator():
+    for sens, eps in [(1, 1.0), (1, 0.3), (2, 0.1), (1, 1e-7), (1, 1000.0), (3, Fraction(2, 7))]:
+        exact = Fraction(sens) / Fraction(eps)
+        scale = S.dlap_scale(sens, eps)
+        assert scale >= exact
+        assert scale - exact <= exact * Fraction(1, 2**S.SCALE_PRECISION_BITS)
+        den = scale.denominator
+        assert den & (den - 1) == 0  # a power of two
+        assert den <= 2**S.SCALE_PRECISION_BITS * max(1, exact.denominator) * 2
+        eps_got = S.achieved_epsilon(sens, scale)
+        assert Fraction(eps_got) >= Fraction(sens) / scale  # stated epsilon never below the truth
+        assert eps_got <= float(eps) * (1 + 1e-15)
+    assert S.dlap_scale(1, 1.0) == 1
+    assert S.dlap_scale(1, 0.5) == 2
+    assert S.dlap_scale(1, 1e-7).denominator == 1
+
+
+def test_float_scale_is_converted_exactly():
+    assert S.as_fraction(0.1) == Fraction(3602879701896397, 36028797018963968)
+    assert S.as_fraction(np.float64(2.5)) == Fraction(5, 2)
+
+
+@pytest.mark.parametrize(
+    "scale, error, match",
+    [
+        (0, ValueError, "`scale` must be finite and > 0, got 0"),
+        (-1.5, ValueError, "`scale` must be finite and > 0, got -1.5"),
+        (float("inf"), ValueError, "`scale` must be finite and > 0, got inf"),
+        (float("nan"), ValueError, "`scale` must be finite and > 0, got nan"),
+        (True, TypeError, "`scale` must be a positive rational or float"),
+        ("2", TypeError, "`scale` must be a positive rational or float, got str"),
+    ],
+)
+def test_discrete_laplace_iv(scale, error, match):
+    with pytest.raises(error, match=match):
+        S.discrete_laplace(source(0), scale)
+
+
+def test_other_iv():
+    with pytest.raises(ValueError, match="`size` must be >= 0"):
+        S.discrete_laplace(source(0), 1, size=-1)
+    with pytest.raises(ValueError, match="`gamma` must be >= 0"):
+        S.bernoulli_exp(source(0), Fraction(-1, 2))
+    with pytest.raises(ValueError, match="`p` must be a rational number in"):
+        S.bernoulli(source(0), Fraction(3, 2))
+    with pytest.raises(ValueError, match="`epsilon` must be finite and > 0, got -1.0"):
+        S.dlap_scale(1, -1.0)
+    with pytest.raises(ValueError, match="`sensitivity` must be finite and > 0, got 0"):
+        S.dlap_scale(0, 1.0)
+
+
+# ------------------------------------------------------------------------------ buffered source
+def test_buffered_bytes_are_the_stream_in_order_and_never_repeated():
+    """Small reads are served from a buffer: the bytes are exactly the generator's stream, in
+    order (nothing skipped or served twice), and a large read bypasses the buffer."""
+    src = resolve_rng(np.random.default_rng(12))
+    got = b"".join(src.bytes(k) for k in [1, 7, 8, 100, 3, 393, 1, 511, 2])
+    reference = np.random.default_rng(12).bytes(512 * 3)
+    assert got[:512] == reference[:512]  # the first buffer, served piece by piece
+    assert len(got) == 1026 and got[512:512 + 511] == reference[512:1023]
+
+
+def test_a_forked_child_never_replays_the_parents_buffer():
+    import os
+
+    src = resolve_rng(None)
+    src.bytes(1)  # fill the buffer
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.write(write_end, src.bytes(32))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read_end, 32)
+    assert child != src.bytes(32)
