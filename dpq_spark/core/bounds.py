@@ -106,15 +106,19 @@ def _threshold(scale, n_public) -> int:
     return t
 
 
-def _search(counts_beyond: np.ndarray, scale, threshold: int, source) -> int:
+def _search(counts_beyond: np.ndarray, scale, threshold: int, source, runs: int | None = None):
     """Index of the first candidate with ``count + nu <= T + rho`` (monotone AboveThreshold).
 
-    ``counts_beyond`` is in search order; returns its last index if nothing fires.
+    ``counts_beyond`` is in search order; the last index is returned if nothing fires. With
+    ``runs`` it performs that many independent searches at once (for the statistical tests) and
+    returns an array of indices.
     """
-    rho = discrete_laplace(source, scale)
-    nu = discrete_laplace(source, scale, size=counts_beyond.size)
-    fired = np.flatnonzero(counts_beyond + nu <= threshold + rho)
-    return int(fired[0]) if fired.size else counts_beyond.size - 1
+    size = 1 if runs is None else int(runs)
+    rho = discrete_laplace(source, scale, size=(size, 1))
+    nu = discrete_laplace(source, scale, size=(size, counts_beyond.size))
+    fires = counts_beyond[None, :] + nu <= threshold + rho
+    first = np.where(fires.any(axis=1), fires.argmax(axis=1), counts_beyond.size - 1)
+    return int(first[0]) if runs is None else first
 
 
 def _check_share(value, name: str) -> float:
