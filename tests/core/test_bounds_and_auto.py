@@ -9,7 +9,7 @@ from scipy import stats
 from dpq_spark.core import auto, choose_mechanism, joint_exp, private_bounds
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import dlap_scale
-from dpq_spark.core.bounds import _search, candidate_grid
+from dpq_spark.core.bounds import THRESHOLD_SHARE, _search, candidate_grid
 from dpq_spark.core.choose import QuantileRelease
 
 
@@ -127,9 +127,12 @@ def _max_log_ratio_lower_bound(hits_a, hits_b, runs, alpha=1e-3):
     return best
 
 
-def _transcripts(counts, scale, threshold, runs, seed):
+def _transcripts(counts, eps, threshold, runs, seed):
+    # the split of private_bounds: 2/3 of a side's epsilon on the threshold, 1/3 on each query
     source = resolve_rng(np.random.default_rng(seed))
-    idx = _search(np.asarray(counts, dtype=np.int64), scale, threshold, source, runs=runs)
+    rho_scale = dlap_scale(1, THRESHOLD_SHARE * eps)
+    nu_scale = dlap_scale(1, (1 - THRESHOLD_SHARE) * eps)
+    idx = _search(np.asarray(counts, dtype=np.int64), rho_scale, nu_scale, threshold, source, runs=runs)
     return np.bincount(idx, minlength=len(counts))
 
 
@@ -144,17 +147,15 @@ def test_search_transcripts_respect_epsilon_and_catch_double_spending(relation):
     else:  # a row raised past candidates 2..5: their counts above grow by one
         neighbour = counts + ((np.arange(counts.size) >= 2) & (np.arange(counts.size) < 6))
     runs = 200_000
-    scale = dlap_scale(1, eps / 2)
     threshold = 2
-    a = _transcripts(counts, scale, threshold, runs, 10)
-    b = _transcripts(neighbour, scale, threshold, runs, 11)
+    a = _transcripts(counts, eps, threshold, runs, 10)
+    b = _transcripts(neighbour, eps, threshold, runs, 11)
     assert _max_log_ratio_lower_bound(a, b, runs) <= eps
     # Power. With the even split the measured loss of one search is about epsilon / 2 (an added
     # row makes the prefix less likely to fire, costing epsilon_1, and the stop less likely,
     # gaining epsilon_2: the two push the ratio in opposite directions), so a variant with noise
     # for 2 epsilon measures about epsilon and sits at the limit; the variant caught here has
     # noise for 4 epsilon (what spending epsilon twice over on both noises gives).
-    wrong = dlap_scale(1, 2 * eps)
-    a2 = _transcripts(counts, wrong, threshold, runs, 12)
-    b2 = _transcripts(neighbour, wrong, threshold, runs, 13)
+    a2 = _transcripts(counts, 4 * eps, threshold, runs, 12)
+    b2 = _transcripts(neighbour, 4 * eps, threshold, runs, 13)
     assert _max_log_ratio_lower_bound(a2, b2, runs) > eps
