@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError, SessionHaltedError
-from dpq_spark.core.joint_exp import joint_exp
+from dpq_spark.core.bounds import PrivateBounds, private_bounds
+from dpq_spark.core.choose import QuantileRelease, choose_mechanism
 from dpq_spark.core.median_mechanism import AnswerKind, MedianAnswer, MedianMechanism
-from dpq_spark.core.mechanisms import MECHANISMS, agg_tree, app_ind_exp, approx_quantiles, csmooth, ind_exp, smooth
+from dpq_spark.core.mechanisms import (
+    MECHANISMS, agg_tree, app_ind_exp, approx_quantiles, auto, csmooth, ind_exp, joint_exp, smooth,
+)
+from dpq_spark.core.planner import Plan, plan_median_session
 from dpq_spark.core.privacy import NeighboringRelation
 
 __all__ = [
     "joint_exp",
+    "auto",
+    "choose_mechanism",
+    "QuantileRelease",
+    "private_bounds",
+    "PrivateBounds",
+    "plan_median_session",
+    "Plan",
     "MECHANISMS",
     "ind_exp",
     "app_ind_exp",

@@ -15,7 +15,15 @@ name                  guarantee                    neighbouring        extra key
 ``csmooth``           ``epsilon**2/2``-zCDP        add_remove, swap    ``t=None``
 ``agg_tree``          pure ``epsilon``-DP          add_remove, swap    ``branching=16, height=4``
 ``approx_quantiles``  pure ``epsilon``-DP          add_remove, swap    (none)
+``auto``              pure ``epsilon``-DP          add_remove, swap    ``n_hint``, ``count_share``
 ====================  ===========================  ==================  =========================
+
+``auto`` (:mod:`dpq_spark.core.choose`) picks one of the four pure mechanisms from ``m``, ``n``
+and ``epsilon`` and returns a :class:`~dpq_spark.core.choose.QuantileRelease` whose
+``.mechanism`` names it. In the four pure entries and ``auto``, ``lower`` and ``upper`` are
+optional: a missing bound is released privately first with ``bounds_share`` of epsilon (default
+0.2; :mod:`dpq_spark.core.bounds`), and the result is then a ``QuantileRelease`` carrying the
+bounds used.
 
 ``GUARANTEES`` maps each name to ``"pure"``, ``"approx"`` or ``"zcdp"`` so that a caller can refuse
 a mechanism whose guarantee is not the one it promises its users (``epsilon`` means a different
@@ -35,15 +43,35 @@ from __future__ import annotations
 
 from typing import Callable
 
-from dpq_spark.core.agg_tree import agg_tree
-from dpq_spark.core.approx_quantiles import approx_quantiles
-from dpq_spark.core.ind_exp import app_ind_exp, ind_exp
-from dpq_spark.core.joint_exp import joint_exp
+from dpq_spark.core.agg_tree import agg_tree as _base_agg_tree
+from dpq_spark.core.approx_quantiles import approx_quantiles as _base_approx_quantiles
+from dpq_spark.core.ind_exp import ind_exp as _base_ind_exp
+from dpq_spark.core.joint_exp import joint_exp as _base_joint_exp
+from dpq_spark.core.bounds import with_private_bounds
+from dpq_spark.core.choose import auto
+from dpq_spark.core.ind_exp import app_ind_exp
 from dpq_spark.core.smooth import csmooth, smooth
 
-__all__ = ["MECHANISMS", "GUARANTEES", "FLOAT_SAFE", "get_mechanism"]
+__all__ = ["MECHANISMS", "GUARANTEES", "FLOAT_SAFE", "get_mechanism", "get_base_mechanism", "auto",
+           "joint_exp", "ind_exp", "agg_tree", "approx_quantiles"]
+
+# The pure mechanisms as their modules define them (``lower``/``upper`` required) ...
+_BASE: dict[str, Callable] = {
+    "joint_exp": _base_joint_exp,
+    "ind_exp": _base_ind_exp,
+    "agg_tree": _base_agg_tree,
+    "approx_quantiles": _base_approx_quantiles,
+}
+# ... and as the package offers them: ``lower``/``upper`` optional, a missing bound released
+# privately first with ``bounds_share`` of epsilon (dpq_spark.core.bounds). With both bounds given
+# they are the base mechanisms exactly.
+joint_exp = with_private_bounds(_BASE["joint_exp"])
+ind_exp = with_private_bounds(_BASE["ind_exp"])
+agg_tree = with_private_bounds(_BASE["agg_tree"])
+approx_quantiles = with_private_bounds(_BASE["approx_quantiles"])
 
 MECHANISMS: dict[str, Callable] = {
+    "auto": auto,
     "joint_exp": joint_exp,
     "ind_exp": ind_exp,
     "app_ind_exp": app_ind_exp,
@@ -54,6 +82,7 @@ MECHANISMS: dict[str, Callable] = {
 }
 
 GUARANTEES: dict[str, str] = {
+    "auto": "pure",
     "joint_exp": "pure",
     "ind_exp": "pure",
     "app_ind_exp": "approx",
@@ -68,6 +97,7 @@ GUARANTEES: dict[str, str] = {
 #: the exponential-mechanism samplers of joint_exp.py / single_quantile.py: they become True with
 #: the public-grid part of issue 9, not in this module.
 FLOAT_SAFE: dict[str, bool] = {
+    "auto": False,  # True once every mechanism it may pick is
     "joint_exp": False,
     "ind_exp": False,
     "app_ind_exp": False,
@@ -76,6 +106,11 @@ FLOAT_SAFE: dict[str, bool] = {
     "agg_tree": True,
     "approx_quantiles": False,
 }
+
+
+def get_base_mechanism(name: str) -> Callable:
+    """The pure mechanism ``name`` as its module defines it (bounds required)."""
+    return _BASE[name]
 
 
 def get_mechanism(name: str) -> Callable:

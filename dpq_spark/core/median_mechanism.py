@@ -31,6 +31,7 @@ from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import achieved_epsilon, discrete_laplace, dlap_scale
 from dpq_spark.core._validation import _is_real, check_counts, check_epsilon, check_positive_int
 from dpq_spark.core.errors import DPQValueError, SessionHaltedError
+from dpq_spark.core.planner import plan_median_session
 from dpq_spark.core.privacy import NeighboringRelation
 from dpq_spark.core.sparse_vector import NumericSparse
 
@@ -219,13 +220,13 @@ class MedianMechanism:
         Private row counts over a public finite domain ``X = {0, ..., d - 1}``.
     epsilon : float
         Privacy budget of the whole session, finite and > 0.
-    accuracy : float
-        ``alpha`` in (0, 1): a query is easy when the candidates' median is (by a noisy test)
+    accuracy : float, optional
+        ``alpha`` in (0, 1), for experts (or pass ``expected_queries``): a query is easy when the candidates' median is (by a noisy test)
         within ``T = 2 alpha`` of the true fraction; after a hard answer the candidates farther
         than ``alpha`` from it are dropped.
-    max_hard_queries : int
-        ``c``: the session halts after ``c`` hard answers. It fixes the noise scales, so it is
-        chosen before the session starts.
+    max_hard_queries : int, optional
+        ``c``, for experts (or pass ``expected_queries``): the session halts after ``c`` hard
+        answers. It fixes the noise scales, so it is chosen before the session starts.
     neighboring : {"swap", "add_remove"}, optional
         ``"swap"`` (default): ``n`` is public and each answer is a fraction of ``n`` rows.
         ``"add_remove"``: ``n_hat = max(1, n + DLap(1 / (0.1 epsilon)))`` (discrete Laplace, exact)
@@ -252,6 +253,15 @@ class MedianMechanism:
     rng : numpy.random.Generator, RandomSource or None, optional
         Source of randomness; ``None`` (production) is the OS cryptographic generator. A seeded
         generator is for tests and reproducible experiments only.
+    expected_queries : int, optional
+        Plan the session instead of passing ``accuracy`` and ``max_hard_queries``:
+        :func:`~dpq_spark.core.planner.plan_median_session` chooses both from ``|X|``, ``n``
+        (public under swap; under add/remove ``n_hint`` or the released ``n_hat``), ``epsilon``
+        and this number. The plan is :attr:`plan` (print it); it reads no data.
+    target_accuracy : float, optional
+        Desired accuracy for the planner (see :func:`~dpq_spark.core.planner.plan_median_session`).
+    n_hint : float, optional
+        Public guess of the row count for the planner under add/remove neighbours.
 
     Raises
     ------
@@ -333,8 +343,8 @@ class MedianMechanism:
         histogram,
         *,
         epsilon,
-        accuracy,
-        max_hard_queries,
+        accuracy=None,
+        max_hard_queries=None,
         neighboring="swap",
         candidates="auto",
         candidate_size=1000,
@@ -343,6 +353,9 @@ class MedianMechanism:
         refill_below=0.5,
         after_halt="raise",
         rng=None,
+        expected_queries=None,
+        target_accuracy=None,
+        n_hint=None,
     ):
         # Validate every argument before touching the data or drawing noise.
         hist = _check_histogram(histogram)
@@ -350,6 +363,7 @@ class MedianMechanism:
             hist.shape[0], epsilon=epsilon, accuracy=accuracy, max_hard_queries=max_hard_queries,
             neighboring=neighboring, candidates=candidates, candidate_size=candidate_size,
             n_candidates=n_candidates, prior=prior, refill_below=refill_below, after_halt=after_halt,
+            expected_queries=expected_queries, target_accuracy=target_accuracy, n_hint=n_hint,
         )
         self.domain_size = d = hist.shape[0]
         self.epsilon = options["epsilon"]
@@ -393,6 +407,19 @@ class MedianMechanism:
             self.count_epsilon = COUNT_SHARE * self.epsilon
             self.count_noise_scale = dlap_scale(1, self.count_epsilon)
             self.n = max(1, n_true + discrete_laplace(self._rng, self.count_noise_scale))
+        self.plan = None
+        if options["expected_queries"] is not None:
+            # planned session (dpq_spark.core.planner): public inputs only, before any query
+            n_plan = self.n
+            if self.neighboring is not NeighboringRelation.SWAP and options["n_hint"] is not None:
+                n_plan = options["n_hint"]
+            self.plan = plan_median_session(
+                d, n_plan, epsilon=self.epsilon,
+                expected_queries=options["expected_queries"], target_accuracy=target_accuracy,
+                neighboring=self.neighboring,
+            )
+            self.accuracy = self.plan.accuracy
+            self.max_hard_queries = self.plan.max_hard_queries
         self._histogram = hist
         self._units = self.n * self._candidates.size  # L: answers are integers in units of 1/L
         self._svt = NumericSparse(
@@ -419,6 +446,9 @@ class MedianMechanism:
         prior=None,
         refill_below=0.5,
         after_halt="raise",
+        expected_queries=None,
+        target_accuracy=None,
+        n_hint=None,
     ) -> dict:
         """Validate the public arguments for a domain of ``domain_size`` points; return them parsed.
 
@@ -426,10 +456,18 @@ class MedianMechanism:
         read any data. Raises ``ValueError``/``TypeError`` naming the argument.
         """
         d = check_positive_int(domain_size, "domain_size")
+        planned = expected_queries is not None
+        if planned and (accuracy is not None or max_hard_queries is not None):
+            raise ValueError(
+                "pass either `expected_queries` (planned session) or `accuracy` and "
+                "`max_hard_queries`, not both"
+            )
+        if not planned and (target_accuracy is not None or n_hint is not None):
+            raise ValueError("`target_accuracy` and `n_hint` need `expected_queries`")
         out = {
             "epsilon": check_epsilon(epsilon),
-            "accuracy": _check_fraction(accuracy, "accuracy"),
-            "max_hard_queries": check_positive_int(max_hard_queries, "max_hard_queries"),
+            "accuracy": None if planned else _check_fraction(accuracy, "accuracy"),
+            "max_hard_queries": None if planned else check_positive_int(max_hard_queries, "max_hard_queries"),
             "neighboring": NeighboringRelation.parse(neighboring),
             "candidate_size": check_positive_int(candidate_size, "candidate_size"),
             "n_candidates": check_positive_int(n_candidates, "n_candidates"),
@@ -438,6 +476,17 @@ class MedianMechanism:
         if not isinstance(after_halt, str) or after_halt not in _AFTER_HALT:
             raise ValueError(f"`after_halt` must be one of {_AFTER_HALT}, got {after_halt!r}")
         out["after_halt"] = after_halt
+        out["expected_queries"] = out["n_hint"] = None
+        if planned:
+            out["expected_queries"] = check_positive_int(expected_queries, "expected_queries")
+            if n_hint is not None and (not _is_real(n_hint) or not math.isfinite(float(n_hint))
+                                       or float(n_hint) < 1):
+                raise ValueError(f"`n_hint` must be a finite number >= 1, got {n_hint!r}")
+            out["n_hint"] = None if n_hint is None else float(n_hint)
+            # a plan for a huge n checks target_accuracy and the other public inputs (no data)
+            plan_median_session(d, 1e12, epsilon=out["epsilon"],
+                                expected_queries=out["expected_queries"],
+                                target_accuracy=target_accuracy, neighboring=out["neighboring"])
         out["prior"] = _check_prior(prior, d)
         k = out["candidate_size"]
         given = None

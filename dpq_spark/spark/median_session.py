@@ -141,10 +141,12 @@ class MedianMechanismSession:
         row is dropped. ``X`` is the product of the columns' levels (at most 1e7 points).
     epsilon : float
         Privacy budget of the whole session.
-    accuracy : float
+    accuracy : float, optional
         ``alpha``: easy answers are verified to within about ``2 alpha`` (threshold ``T = 2 alpha``).
-    max_hard_queries : int
-        ``c``: the session halts after ``c`` hard answers.
+        For experts; or pass ``expected_queries``.
+    max_hard_queries : int, optional
+        ``c``: the session halts after ``c`` hard answers. For experts; or pass
+        ``expected_queries``.
     neighboring : {"swap", "add_remove"}, optional
         ``"swap"`` (default): ``n`` public. ``"add_remove"``: ``n`` released first with
         ``0.1 epsilon``.
@@ -154,6 +156,9 @@ class MedianMechanismSession:
     rng : numpy.random.Generator or None, optional
         Source of randomness; ``None`` (production) is the OS cryptographic generator. A seeded
         generator is for tests only.
+    expected_queries, target_accuracy, n_hint : optional
+        A planned session: ``accuracy`` and ``max_hard_queries`` are chosen from public inputs by
+        :func:`dpq_spark.core.planner.plan_median_session`; the plan is ``session.mechanism.plan``.
 
     Raises
     ------
@@ -195,8 +200,8 @@ class MedianMechanismSession:
         *,
         domain,
         epsilon,
-        accuracy,
-        max_hard_queries,
+        accuracy=None,
+        max_hard_queries=None,
         neighboring="swap",
         candidates="auto",
         candidate_size=1000,
@@ -205,6 +210,9 @@ class MedianMechanismSession:
         refill_below=0.5,
         after_halt="raise",
         rng=None,
+        expected_queries=None,
+        target_accuracy=None,
+        n_hint=None,
     ):
         self.domain = _parse_domain(domain)
         missing = [c for c in self.domain if c not in df.columns]
@@ -220,6 +228,7 @@ class MedianMechanismSession:
             epsilon=epsilon, accuracy=accuracy, max_hard_queries=max_hard_queries,
             neighboring=neighboring, candidates=candidates, candidate_size=candidate_size,
             n_candidates=n_candidates, prior=prior, refill_below=refill_below, after_halt=after_halt,
+            expected_queries=expected_queries, target_accuracy=target_accuracy, n_hint=n_hint,
         )
         MedianMechanism.check_options(size, **options)  # fail before any Spark job
         generator = resolve_rng(rng)

@@ -35,10 +35,11 @@ def _call(name, values, quantiles=(0.25, 0.5, 0.75), **kw):
 
 
 def test_registry_names_and_guarantees():
-    assert set(MECHANISMS) == {"joint_exp", *BASELINES}
+    assert set(MECHANISMS) == {"joint_exp", "auto", *BASELINES}
     assert set(GUARANTEES) == set(MECHANISMS)
     assert GUARANTEES["csmooth"] == "zcdp" and GUARANTEES["app_ind_exp"] == "approx"
-    assert get_mechanism("agg_tree") is agg_tree
+    # registered with optional bounds (dpq_spark.core.bounds.with_private_bounds)
+    assert get_mechanism("agg_tree").__wrapped__ is agg_tree
 
 
 def test_get_mechanism_rejects_unknown_name():
