@@ -93,18 +93,17 @@ GUARANTEES: dict[str, str] = {
 }
 
 #: True when every released number is a fixed function of exactly sampled integers (no float
-#: noise or float uniform decides an output). joint_exp, ind_exp and approx_quantiles draw through
-#: the exponential-mechanism samplers of joint_exp.py / single_quantile.py: they become True with
-#: the public-grid part of issue 9, not in this module.
+#: noise or float uniform decides an output): the grid mechanisms release grid points drawn
+#: exactly (joint_exp.py, single_quantile.py, grid.py), AggTree adds exact discrete Laplace.
 FLOAT_SAFE: dict[str, bool] = {
-    "auto": False,  # True once every mechanism it may pick is
-    "joint_exp": False,
-    "ind_exp": False,
+    "auto": True,  # every mechanism it may pick is float-safe
+    "joint_exp": True,
+    "ind_exp": True,
     "app_ind_exp": False,
     "smooth": False,
     "csmooth": False,
     "agg_tree": True,
-    "approx_quantiles": False,
+    "approx_quantiles": True,
 }
 
 

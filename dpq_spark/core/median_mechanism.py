@@ -19,18 +19,16 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-import numbers
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from scipy import sparse
 
-from fractions import Fraction
-
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import achieved_epsilon, discrete_laplace, dlap_scale
 from dpq_spark.core._validation import _is_real, check_counts, check_epsilon, check_positive_int
-from dpq_spark.core.errors import DPQValueError, SessionHaltedError
+from dpq_spark.core.errors import SessionHaltedError
 from dpq_spark.core.planner import plan_median_session
 from dpq_spark.core.privacy import NeighboringRelation
 from dpq_spark.core.sparse_vector import NumericSparse

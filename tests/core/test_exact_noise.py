@@ -70,3 +70,17 @@ def test_float_safe_marks_the_continuous_baselines():
     for name in ("smooth", "csmooth", "app_ind_exp"):
         assert FLOAT_SAFE[name] is False
     assert FLOAT_SAFE["agg_tree"] is True
+
+
+def test_float_safe_quantile_mechanisms_release_grid_points():
+    from dpq_spark.core.grid import Grid
+    from dpq_spark.core.mechanisms import get_base_mechanism
+
+    x = np.random.default_rng(3).normal(0.0, 2.0, 500)
+    grid = Grid(-10.0, 10.0, 0.001)
+    for name in ("joint_exp", "ind_exp", "approx_quantiles"):
+        assert FLOAT_SAFE[name] is True
+        out = get_base_mechanism(name)(x, [0.1, 0.5, 0.9], epsilon=1.0, lower=-10.0, upper=10.0,
+                                       granularity=0.001, rng=np.random.default_rng(4))
+        k = grid.snap(out)
+        assert np.array_equal(grid.value(k), out), name
