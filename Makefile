@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(PY) jobs/dp_quantiles.py --config conf/goodreads.toml
 
 test: $(STAMP) pg-server
-	@echo "make test: about 12 minutes on an idle 2-core machine (Spark, spark-submit, PostgreSQL ledger tests)"
+	@echo "make test: about 15 minutes on an idle 2-core machine (24 min measured at load average 20): Spark, spark-submit and PostgreSQL ledger tests"
 	$(PY) -m pytest -q tests
 
 # The ledger tests start their own PostgreSQL server (127.0.0.1, ephemeral port, temp data dir,
