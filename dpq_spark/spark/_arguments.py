@@ -6,10 +6,14 @@ Messages name the argument and echo only public values (names, types, parameters
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
@@ -42,7 +46,7 @@ class QuantileRequest:
     lower: float
     upper: float
     keys: tuple[str, ...]
-    groups: object  # None, a DataFrame of keys, or a list of key tuples
+    groups: object  # None, a DataFrame of keys, or a pyarrow Table of the listed keys
     neighboring: NeighboringRelation
     privacy_unit: str | None
     max_rows_per_unit: int
@@ -51,7 +55,7 @@ class QuantileRequest:
     resolution: int
     mechanism: str
     selection_fraction: float
-    rng: np.random.Generator
+    rng: object  # RandomSource
     seeded: bool
 
     @property
@@ -92,23 +96,37 @@ def _check_group_by(group_by, fields: dict) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _check_groups(groups, keys: tuple[str, ...]):
-    """Return None, a DataFrame of keys, or a deduplicated list of key tuples."""
+def _check_groups(groups, keys: tuple[str, ...], fields: dict):
+    """Return None, a DataFrame of keys, or a pyarrow Table of the listed keys.
+
+    Types are checked against the key columns without any cast: a listed value must already be
+    of the column's type (an int is accepted for a floating column when it converts exactly).
+    """
     if groups is None:
         return None
     if not keys:
         raise ValueError("`groups` lists group keys, so it needs `group_by`")
     if isinstance(groups, DataFrame):
-        have = set(groups.columns)
+        have = {f.name: f.dataType for f in groups.schema.fields}
         missing = [k for k in keys if k not in have]
         if missing:
             raise ValueError(f"`groups` DataFrame lacks the `group_by` column(s) {missing!r}")
+        wrong = {k: have[k].simpleString() for k in keys if have[k] != fields[k].dataType}
+        if wrong:
+            want = {k: fields[k].dataType.simpleString() for k in wrong}
+            raise TypeError(
+                f"`groups` DataFrame columns must have the types of the `group_by` columns "
+                f"{want}, got {wrong}; cast them explicitly first"
+            )
         return groups
+    if isinstance(groups, Mapping):
+        raise TypeError("`groups` must be a list of keys or a DataFrame of keys, got a dict")
     if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
         raise TypeError(
             f"`groups` must be a list of keys or a DataFrame of keys, got {type(groups).__name__}"
         )
-    rows = []
+    types = [fields[k].dataType for k in keys]
+    columns: list[list] = [[] for _ in keys]
     for key in groups:
         if len(keys) == 1 and not isinstance(key, (tuple, list)):
             key = (key,)
@@ -117,11 +135,62 @@ def _check_groups(groups, keys: tuple[str, ...]):
                 f"`groups` entries must be tuples of {len(keys)} values (one per `group_by` "
                 f"column {list(keys)!r}), got {key!r}"
             )
-        rows.append(tuple(k.item() if isinstance(k, np.generic) else k for k in key))
-    try:
-        return list(dict.fromkeys(rows))
-    except TypeError:
-        raise TypeError("`groups` entries must be hashable values (numbers, strings, dates, None)") from None
+        for i, (name, dtype, value) in enumerate(zip(keys, types, key)):
+            columns[i].append(_key_value(value, name, dtype))
+    if not columns[0]:
+        raise ValueError("`groups` is empty: list at least one key (a release with no groups "
+                         "would answer nothing)")
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    arrays = [pa.array(col, type=to_arrow_type(dtype)) for col, dtype in zip(columns, types)]
+    return pa.table(dict(zip(keys, arrays)))
+
+
+_KEY_TYPES = (
+    (T.BooleanType, (bool,)),
+    (T.IntegralType, (int,)),
+    (T.StringType, (str,)),
+    (T.BinaryType, (bytes, bytearray)),
+    (T.DecimalType, (decimal.Decimal, int)),
+    (T.TimestampType, (datetime.datetime,)),
+    (T.TimestampNTZType, (datetime.datetime,)),
+    (T.DateType, (datetime.date,)),
+)
+_INTEGRAL_RANGE = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
+
+
+def _key_value(value, name: str, dtype):
+    """One listed key value, checked against its column's type (no cast)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None:
+        return None
+    kind = dtype.simpleString()
+    if isinstance(dtype, T.FractionalType) and not isinstance(dtype, T.DecimalType):
+        if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)
+                                        and float(value) == value):
+            v = float(value)
+            return 0.0 if v == 0.0 else v  # -0.0 and 0.0 are one Spark key
+        raise TypeError(f"`groups` values for `group_by` column {name!r} ({kind}) must be "
+                        f"floats, got {type(value).__name__}")
+    for spark_type, python_types in _KEY_TYPES:
+        if isinstance(dtype, spark_type):
+            ok = isinstance(value, python_types)
+            if spark_type in (T.IntegralType, T.DecimalType) and isinstance(value, bool):
+                ok = False
+            if spark_type is T.DateType and isinstance(value, datetime.datetime):
+                ok = False
+            if not ok:
+                raise TypeError(f"`groups` values for `group_by` column {name!r} ({kind}) must "
+                                f"be {' or '.join(t.__name__ for t in python_types)}, got "
+                                f"{type(value).__name__}")
+            bits = _INTEGRAL_RANGE.get(type(dtype))
+            if bits is not None and not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+                raise ValueError(f"`groups` value for `group_by` column {name!r} is out of "
+                                 f"the range of {kind}")
+            return value
+    raise TypeError(f"`groups` as a list is not supported for `group_by` column {name!r} of "
+                    f"type {kind}; pass a DataFrame of keys instead")
 
 
 def parse_request(
@@ -169,7 +238,7 @@ def parse_request(
             f"`column` {column!r} must be numeric, got {fields[column].dataType.simpleString()}"
         )
     keys = _check_group_by(group_by, fields)
-    key_list = _check_groups(groups, keys)
+    key_list = _check_groups(groups, keys, fields)
     if privacy_unit is not None:
         _check_column_name(privacy_unit, "privacy_unit", fields)
     else:

@@ -1,45 +1,44 @@
-"""The per-group step of ``dp_quantiles``: grid-cell counts in, one DP release out.
+"""The per-group step of ``dp_quantiles``: a group's grid counts in, one DP release out.
 
-This runs inside ``mapInPandas`` on the executors (streaming each partition's rows) and on the
-driver when there is no grouping or a public key has no rows. It imports pandas and numpy only, never pyspark, so that it pickles by
-reference and stays cheap to import in a Python worker.
+Runs on the driver after Spark has reduced each group to counts (see ``quantiles.py``). It
+imports numpy only (no pyspark, pandas or pyarrow), so it is testable without Spark.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
+from dpq_spark.core import _coarse_bands as bands
 from dpq_spark.core._random import resolve_rng
+from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
 from dpq_spark.spark._mechanisms import get_mechanism
 
-__all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "ReleaseParams", "cell_values", "release_group",
-           "release_counts", "release_values", "release_partition", "CODE", "GID"]
+__all__ = ["CELL", "COUNT", "FINE", "GID", "UNITS", "ReleaseParams", "key_seed", "group_rng",
+           "passes_selection", "release_values", "mechanism_input", "keep_cells", "cell_values"]
 
-# Internal column names of the aggregated frame (the "__dpq_" prefix is reserved).
-CELL = "__dpq_cell"
-CODE = "__dpq_code"  # public-key path: key index * resolution + cell, packed in the JVM
-GID = "__dpq_gid"  # public-key path: index of the key in the driver's key list
+# Internal column names (the "__dpq_" prefix is reserved).
+CELL = "__dpq_cell"  # coarse cell (JointExp) or cell of the `resolution` grid (other mechanisms)
+FINE = "__dpq_fine"  # fine grid index, 0 .. 2**32
+GID = "__dpq_gid"  # index of the group in the driver's key table
 COUNT = "__dpq_count"
 UNITS = "__dpq_units"
-KEY_HASH = "__dpq_key_hash"
 
 _UINT64 = 1 << 64
 
 
 @dataclass(frozen=True)
 class ReleaseParams:
-    """Public, validated parameters of one group's release (pickled to the executors).
+    """Public, validated parameters of one group's release.
 
     ``epsilon`` is what the mechanism receives for one group, after the split for partition
     selection and the scaling for contribution bounding. ``threshold``/``noise_scale`` are set
     only when keys come from DP partition selection. ``base_seed`` is ``None`` in production
-    (fresh OS entropy in every call) and an int only when the caller passed a Generator.
+    (fresh OS entropy for every group) and an int only when the caller passed a Generator.
     """
 
-    keys: tuple[str, ...]
     quantiles: tuple[float, ...]
     epsilon: float
     lower: float
@@ -50,228 +49,75 @@ class ReleaseParams:
     base_seed: int | None = None
     threshold: float | None = None
     noise_scale: float | None = None
-    integral_keys: tuple[bool, ...] = ()
-    extra_columns: tuple[str, ...] = ()
-    key_hashes: tuple[int, ...] | None = None  # public-key path with a seeded rng only
+
+    @property
+    def fine(self) -> bool:
+        """JointExp runs on the fine grid (exact data); other mechanisms on ``resolution`` cells."""
+        return self.mechanism == "joint_exp"
+
+    @property
+    def c(self) -> float:
+        """JointExp's ``epsilon / (2 Delta)``."""
+        relation = NeighboringRelation.parse(self.neighboring)
+        q = np.asarray(self.quantiles, dtype=np.float64)
+        return self.epsilon / (2.0 * joint_exp_sensitivity(q, relation))
+
+
+def key_seed(key: tuple) -> int:
+    """A stable 64-bit number for a group key (seeded test runs only): the same key gives the
+    same number on every path, session and machine. Python ints, floats (NaN included),
+    strings, bytes, dates and None each print distinctly under ``repr`` with their type."""
+    text = repr(tuple((type(v).__name__, v) for v in key)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def group_rng(params: ReleaseParams, seed: int):
+    """The group's randomness: OS entropy in production, ``default_rng([base_seed, seed])``
+    when the caller passed a Generator (tests)."""
+    if params.base_seed is None:
+        return resolve_rng(None)
+    return resolve_rng(np.random.default_rng([params.base_seed, int(seed) % _UINT64]))
+
+
+def passes_selection(size: int, rng, params: ReleaseParams) -> bool:
+    """DP partition selection: the group's count of units plus Laplace noise against the
+    threshold."""
+    return not size + rng.laplace(0.0, params.noise_scale) < params.threshold
+
+
+def keep_cells(cells: np.ndarray, counts: np.ndarray, params: ReleaseParams) -> np.ndarray:
+    """The coarse cells of one group whose fine counts the mechanism needs (see
+    :mod:`dpq_spark.core._coarse_bands`)."""
+    return bands.reachable(cells, counts, np.asarray(params.quantiles), params.c,
+                           params.lower, params.upper)
 
 
 def cell_values(cells: np.ndarray, params: ReleaseParams) -> np.ndarray:
-    """Midpoints of grid cells ``0 .. resolution - 1`` over ``[lower, upper]``."""
+    """Midpoints of ``resolution`` grid cells (mechanisms other than JointExp)."""
     width = (params.upper - params.lower) / params.resolution
     values = params.lower + (np.asarray(cells, dtype=np.float64) + 0.5) * width
     return np.clip(values, params.lower, params.upper)
 
 
-def _group_rng(params: ReleaseParams, key_hash) -> np.random.Generator:
-    if params.base_seed is None:
-        return resolve_rng(None)
-    return np.random.default_rng([params.base_seed, int(key_hash) % _UINT64])
+def mechanism_input(points: np.ndarray, params: ReleaseParams) -> np.ndarray:
+    """The values the mechanism sees for grid ``points``. GRID-SPECIFIC: once the core runs on
+    its public grid, JointExp takes the fine indices themselves (``joint_exp_indices``)."""
+    if params.fine:
+        return bands.fine_values(points, params.lower, params.upper)
+    return cell_values(points, params)
 
 
-def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
-    """Release the quantiles of one group from its cell counts (driver side).
-
-    Parameters
-    ----------
-    pdf : pandas.DataFrame
-        The rows of one group: key columns (absent when ungrouped), ``CELL`` (grid cell),
-        ``COUNT`` (rows in the cell, 0 rows allowed), optionally ``UNITS`` (privacy units first
-        seen in the cell) and ``KEY_HASH``.
-    params : ReleaseParams
-        Public parameters.
-
-    Returns
-    -------
-    pandas.DataFrame
-        Key columns, ``quantile`` and ``value``: one row per quantile, or no rows when partition
-        selection drops the group.
-
-    Privacy
-    -------
-    ``params.epsilon``-DP for the group's cell counts under ``params.neighboring`` (the
-    mechanism's guarantee); with partition selection, also the Laplace threshold step.
-    """
-    real = pdf[pdf[COUNT] > 0]
-    cells = real[CELL].to_numpy(dtype=np.int64)
-    counts = real[COUNT].to_numpy(dtype=np.int64)
-    order = np.argsort(cells, kind="stable")
-    units = int(real[UNITS].sum()) if UNITS in real.columns else None
-    key_hash = pdf[KEY_HASH].iloc[0] if KEY_HASH in pdf.columns and len(pdf) else 0
-    keys = {k: pdf[k].iloc[0] for k in params.keys}
-    return release_counts(keys, cells[order], counts[order], units, key_hash, params)
-
-
-def release_counts(keys: dict, cells: np.ndarray, counts: np.ndarray, units, key_hash,
-                   params: ReleaseParams) -> pd.DataFrame:
-    """Release one group from sorted distinct ``cells`` and their ``counts``.
-
-    ``units`` is the group's count of privacy units for partition selection (``None``: one row
-    is one unit, so it is ``counts.sum()``).
-    """
-    values = release_values(cells, counts, units, key_hash, params)
-    return _frame(keys, params, np.empty(0) if values is None else values)
-
-
-def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
-                   params: ReleaseParams) -> np.ndarray | None:
-    """The released values of one group, or ``None`` when partition selection drops it."""
-    rng = _group_rng(params, key_hash)
-    if params.threshold is not None:
-        size = float(counts.sum()) if units is None else float(units)
-        if size + rng.laplace(0.0, params.noise_scale) < params.threshold:
-            return None
+def release_values(points: np.ndarray, counts: np.ndarray, rng, params: ReleaseParams) -> np.ndarray:
+    """The released values of one group from its sorted distinct grid ``points`` and counts."""
     mechanism = get_mechanism(params.mechanism)
     out = mechanism(
-        cell_values(cells, params),
+        mechanism_input(points, params),
         np.asarray(params.quantiles, dtype=np.float64),
         epsilon=params.epsilon,
         lower=params.lower,
         upper=params.upper,
         neighboring=params.neighboring,
-        counts=counts,
+        counts=np.asarray(counts, dtype=np.int64),
         rng=rng,
     )
     return np.asarray(out, dtype=np.float64)
-
-
-_COMPACT_ROWS = 1 << 22  # raw (group, cell) codes buffered before they are merged into counts
-_OUTPUT_GROUPS = 512  # groups per yielded output batch
-
-
-def _normal_key(values: tuple) -> tuple:
-    """Hashable, NaN-safe key (pandas turns a null into NaN; NaN != NaN would split groups)."""
-    return tuple(("nan",) if isinstance(v, float) and v != v else v for v in values)
-
-
-def _merge_codes(acc_codes, acc_counts, chunks):
-    """Fold raw codes (one per row) into the sorted distinct codes and their counts."""
-    raw = np.sort(np.concatenate(chunks))
-    starts = np.flatnonzero(np.r_[True, raw[1:] != raw[:-1]])
-    codes, counts = raw[starts], np.diff(np.r_[starts, len(raw)])
-    if acc_codes.size:
-        codes = np.concatenate([acc_codes, codes])
-        counts = np.concatenate([acc_counts, counts])
-        order = np.argsort(codes, kind="stable")
-        codes, counts = codes[order], counts[order]
-        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        codes, counts = codes[starts], np.add.reduceat(counts, starts)
-    return codes, counts
-
-
-def release_partition(batches, params: ReleaseParams):
-    """``mapInPandas`` body: count (group, cell) pairs of one partition, release each group.
-
-    The input is hash partitioned by key, so every group is whole in one partition. Each row is
-    one kept data row. With public keys it is a single ``CODE`` (key index * resolution + cell)
-    and the output carries ``GID`` instead of the key columns; with keys from partition
-    selection it is the key columns, ``CELL``, optionally ``UNITS`` (1 on the first row of each
-    privacy unit in the group) and ``KEY_HASH``. Rows are streamed batch by batch and reduced to
-    counts per distinct (group, cell) every few million rows, so memory is bounded by the number
-    of distinct (group, cell) pairs of the partition (at most ``resolution`` per group), never
-    by a group's number of rows.
-    """
-    keys = list(params.keys)
-    res = params.resolution
-    packed = CODE in params.extra_columns
-    gid_of: dict = {}
-    key_values: list[tuple] = []
-    key_hashes: list = []
-    units = np.zeros(0, dtype=np.int64)
-    acc_codes = np.zeros(0, dtype=np.int64)
-    acc_counts = np.zeros(0, dtype=np.int64)
-    chunks: list[np.ndarray] = []
-    buffered = 0
-    for pdf in batches:
-        if len(pdf) == 0:
-            continue
-        if packed:  # key index and cell already packed into one int64 by Spark
-            chunks.append(np.asarray(pdf[CODE], dtype=np.int64))  # pandas or Arrow batch
-            buffered += len(pdf)
-            if buffered >= _COMPACT_ROWS:
-                acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-                chunks, buffered = [], 0
-            continue
-        if len(keys) == 1:
-            local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
-        else:
-            local = pdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
-        local = np.asarray(local, dtype=np.int64)
-        _, first = np.unique(local, return_index=True)
-        firsts = pdf.iloc[first]
-        to_gid = np.empty(len(first), dtype=np.int64)
-        hashes = firsts[KEY_HASH].tolist() if KEY_HASH in pdf.columns else [0] * len(first)
-        for j, values in enumerate(firsts[keys].itertuples(index=False, name=None)):
-            norm = _normal_key(values)
-            gid = gid_of.get(norm)
-            if gid is None:
-                gid = gid_of[norm] = len(key_values)
-                key_values.append(values)
-                key_hashes.append(hashes[j])
-            to_gid[j] = gid
-        gids = to_gid[local]
-        chunks.append(gids * res + pdf[CELL].to_numpy(dtype=np.int64))
-        buffered += len(pdf)
-        if UNITS in pdf.columns:
-            add = np.bincount(gids, weights=pdf[UNITS].to_numpy(dtype=np.float64),
-                              minlength=len(key_values)).astype(np.int64)
-            units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
-        if buffered >= _COMPACT_ROWS:
-            acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-            chunks, buffered = [], 0
-    if chunks:
-        acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-    if acc_codes.size == 0:
-        return
-    group_of = acc_codes // res
-    cells = acc_codes - group_of * res
-    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
-    ends = np.r_[starts[1:], len(group_of)]
-    if packed:  # arrays only: no per-group pandas frame
-        m = len(params.quantiles)
-        q = np.asarray(params.quantiles, dtype=np.float64)
-        for lo in range(0, len(starts), _OUTPUT_GROUPS):
-            gids, values = [], []
-            for a, b in zip(starts[lo:lo + _OUTPUT_GROUPS], ends[lo:lo + _OUTPUT_GROUPS]):
-                gid = int(group_of[a])
-                key_hash = params.key_hashes[gid] if params.key_hashes is not None else 0
-                gids.append(gid)
-                values.append(release_values(cells[a:b], acc_counts[a:b], None, key_hash, params))
-            yield pd.DataFrame({GID: np.repeat(np.asarray(gids, dtype=np.int64), m),
-                                "quantile": np.tile(q, len(gids)),
-                                "value": np.concatenate(values)})
-        return
-    done = []
-    for a, b in zip(starts, ends):
-        gid = int(group_of[a])
-        group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
-        group_units = int(units[gid]) if UNITS in params.extra_columns else None
-        done.append(release_counts(group_keys, cells[a:b], acc_counts[a:b], group_units,
-                                   key_hashes[gid], params))
-        if len(done) >= _OUTPUT_GROUPS:
-            yield pd.concat(done, ignore_index=True)
-            done = []
-    if done:
-        yield pd.concat(done, ignore_index=True)
-
-
-def _output_key(values: tuple, params: ReleaseParams) -> tuple:
-    """Key values as the output column types expect (pandas may have turned ints into floats
-    and nulls into NaN within a batch)."""
-    out = []
-    for v, integral in zip(values, params.integral_keys):
-        if isinstance(v, float) and v != v:
-            v = None if integral else v
-        elif integral and isinstance(v, (float, np.floating)):
-            v = int(v)
-        elif isinstance(v, np.generic):
-            v = v.item()
-        out.append(v)
-    return tuple(out)
-
-
-def _frame(keys: dict, params: ReleaseParams, values: np.ndarray) -> pd.DataFrame:
-    m = len(values)
-    data = {k: pd.Series([v] * m) for k, v in keys.items()}
-    data["quantile"] = np.asarray(params.quantiles[:m], dtype=np.float64)
-    data["value"] = values
-    return pd.DataFrame(data)

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dpq_spark.core import _coarse_bands as bands
 from dpq_spark.spark import _dataflow as flow
+from dpq_spark.spark import _release as rel
 from dpq_spark.spark._arguments import QuantileRequest, parse_request
-from dpq_spark.spark._release import (
-    CELL,
-    CODE,
-    COUNT,
-    GID,
-    KEY_HASH,
-    UNITS,
-    ReleaseParams,
-    release_group,
-    release_partition,
-)
+from dpq_spark.spark._release import CELL, COUNT, FINE, GID, UNITS, ReleaseParams
 from dpq_spark.spark._selection import laplace_scale, selection_threshold
 
 __all__ = ["dp_quantiles", "DEFAULT_RESOLUTION"]
@@ -33,8 +24,7 @@ __all__ = ["dp_quantiles", "DEFAULT_RESOLUTION"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_RESOLUTION = 2**20
-_SEED_HIGH = 2**63 - 1
-_BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
+_BROADCAST_ROWS = 200_000  # key lists and reachable-cell lists up to this size are broadcast
 
 
 def dp_quantiles(
@@ -169,27 +159,75 @@ def dp_quantiles(
         selection_fraction=selection_fraction, rng=rng,
     )
     started = time.perf_counter()
-    logger.info("dp_quantiles: column=%r keys=%r m=%d epsilon=%g mechanism=%s resolution=%d",
-                req.column, list(req.keys), len(req.quantiles), req.epsilon, req.mechanism,
-                req.resolution)
+    actions = _Actions()
+    params, row_seed, group_seed = _params(req)
+    spark = req.df.sparkSession
     key_table = None
-    if req.groups is not None:  # public keys: collect them (|groups| rows) and index them
-        key_df = flow.key_frame(req.df, req.keys, req.groups)
-        key_table = key_df.select(*req.keys, _key_hash(req.keys)).toArrow()
-    params, rows = _plan(req, key_table)
+    if isinstance(req.groups, DataFrame):  # public keys in a DataFrame: one job collects them
+        key_table = actions.arrow(req.groups.select(*req.keys).distinct())
+    elif req.groups is not None:
+        key_table = req.groups
+    rows = flow.clean_rows(req)
     if key_table is not None:
-        table = _release_public_keys(req, params, rows, key_table)
-    elif req.keys:
-        table = _release_selected_keys(req, params, rows)
+        key_table = _sorted_distinct(key_table, req.keys)
+        index = key_table.append_column(GID, pa.array(np.arange(key_table.num_rows, dtype=np.int64)))
+        index_df = spark.createDataFrame(index, schema=_key_schema(req, with_gid=True))
+        rows = flow.attach_key_index(
+            rows, req.keys, index_df, broadcast=key_table.num_rows <= _BROADCAST_ROWS,
+            null_safe=any(key_table.column(k).null_count for k in req.keys))
+    elif not req.keys:
+        rows = rows.withColumn(GID, F.lit(0).cast("long"))
+        key_table = pa.table({})
+    if req.privacy_unit is not None:
+        rows = flow.bound_contributions(rows, req.keys, req.max_rows_per_unit,
+                                        req.max_groups_per_unit, row_seed, group_seed)
+    rows = flow.with_cells(rows, req.lower, req.upper, params.fine, req.resolution)
+    group_cols = list(req.keys) if req.selects_partitions else [GID]
+    units = req.selects_partitions and req.privacy_unit is not None
+    coarse = actions.arrow(flow.coarse_counts(rows, group_cols, units))
+    if req.selects_partitions:  # keys from the data: index them on the driver
+        key_table, gid = _index_keys(coarse, req.keys)
     else:
-        table = _release_global(req, params, rows)
-    out = _materialise(req, table)
-    logger.info("dp_quantiles: released in %.2fs", time.perf_counter() - started)
+        gid = coarse.column(GID).to_numpy()
+    n_groups = key_table.num_rows if req.keys else 1
+    groups = _Groups(gid, coarse, n_groups, units)
+    rngs = _group_rngs(params, key_table, req.keys, n_groups)
+    chosen = np.arange(n_groups)
+    if req.selects_partitions:
+        chosen = np.array([g for g in chosen
+                           if rel.passes_selection(groups.size(g), rngs[g], params)], dtype=np.int64)
+    fine = None
+    if params.fine:
+        keep = groups.reachable(chosen, params)
+        if keep.any():
+            reach = _reach_frame(req, groups, keep, key_table, group_cols)
+            fine = _FineCounts(actions.arrow(flow.fine_counts(
+                rows, reach, group_cols, broadcast=int(keep.sum()) <= _BROADCAST_ROWS,
+                null_safe=req.selects_partitions and _has_null(key_table, req.keys))))
+    values = []
+    for g in chosen:
+        points, counts = groups.represented(g, fine, params)
+        values.append(rel.release_values(points, counts, rngs[g], params))
+    out = _materialise(req, key_table, chosen, values)
+    logger.info("dp_quantiles: released in %.2fs with %d Spark jobs", time.perf_counter() - started,
+                actions.count)
     return out
 
 
-def _plan(req: QuantileRequest, key_table):
-    """Build the lazy frame of kept rows and the per-group parameters (no job runs here)."""
+class _Actions:
+    """Every Spark action of a release goes through here, so that it can be counted (classic
+    and Connect alike) and logged."""
+
+    def __init__(self):
+        self.count = 0
+
+    def arrow(self, frame: DataFrame) -> pa.Table:
+        self.count += 1
+        return frame.toArrow()
+
+
+def _params(req: QuantileRequest):
+    """Per-group parameters and the seeds of contribution bounding (no job runs here)."""
     g = req.max_groups_per_unit if req.privacy_unit is not None else 1
     r = req.max_rows_per_unit if req.privacy_unit is not None else 1
     eps_quantiles = req.epsilon
@@ -199,12 +237,10 @@ def _plan(req: QuantileRequest, key_table):
         eps_quantiles = req.epsilon - eps_select
         threshold = selection_threshold(eps_select, req.delta, g)
         noise_scale = laplace_scale(eps_select, g)
-    seed = lambda: int(req.rng.integers(0, _SEED_HIGH))  # noqa: E731
-    row_seed, group_seed = seed(), seed()
-    # Fresh OS entropy in every worker call unless the caller passed a Generator (tests).
-    base_seed = seed() if req.seeded else None
+    # Fresh OS entropy for every group unless the caller passed a Generator (tests).
+    base_seed = req.rng.seed63() if req.seeded else None
+    row_seed, group_seed = req.rng.seed63(), req.rng.seed63()
     params = ReleaseParams(
-        keys=req.keys,
         quantiles=req.quantiles,
         epsilon=eps_quantiles / (g * r),
         lower=req.lower,
@@ -215,112 +251,157 @@ def _plan(req: QuantileRequest, key_table):
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,
-        integral_keys=tuple(isinstance(req.df.schema[k].dataType, T.IntegralType)
-                            for k in req.keys),
     )
-    rows = flow.clean_rows(req)
-    if key_table is not None:
-        index = key_table.select(list(req.keys)).append_column(
-            GID, pa.array(np.arange(key_table.num_rows, dtype=np.int64)))
-        schema = T.StructType([*_output_schema(req).fields[:len(req.keys)],
-                               T.StructField(GID, T.LongType(), False)])
-        index_df = req.df.sparkSession.createDataFrame(index, schema=schema)
-        rows = flow.attach_key_index(
-            rows, req.keys, index_df, broadcast=key_table.num_rows <= _BROADCAST_KEYS,
-            null_safe=any(key_table.column(k).null_count for k in req.keys))
-    if req.privacy_unit is not None:
-        rows = flow.bound_contributions(rows, req.keys, r, g, row_seed, group_seed)
-    return params, rows
+    return params, row_seed, group_seed
 
 
-def _output_schema(req: QuantileRequest) -> T.StructType:
+def _key_schema(req: QuantileRequest, with_gid: bool = False) -> T.StructType:
     fields = [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
-    fields += [T.StructField("quantile", T.DoubleType(), False),
-               T.StructField("value", T.DoubleType(), False)]
+    if with_gid:
+        fields.append(T.StructField(GID, T.LongType(), False))
     return T.StructType(fields)
 
 
-def _key_hash(keys):
-    return F.xxhash64(*[F.col(k) for k in keys]).alias(KEY_HASH)
+def _output_schema(req: QuantileRequest) -> T.StructType:
+    return T.StructType([*_key_schema(req).fields,
+                         T.StructField("quantile", T.DoubleType(), False),
+                         T.StructField("value", T.DoubleType(), False)])
 
 
-def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
-    """Public keys: stream ``GID * resolution + cell`` codes through ``mapInArrow``.
-
-    One shuffle (by key index, no sort); Python folds each partition's codes into counts per
-    distinct (group, cell). The UDF returns key indexes; the driver maps them back to the
-    collected key values. A public key with no rows never reaches the UDF: the driver answers
-    it from empty data, exactly as the UDF would.
-    """
-    hashes = key_table.column(KEY_HASH).to_pylist()
-    params = dataclasses.replace(params, extra_columns=(CODE,),
-                                 key_hashes=tuple(hashes) if params.base_seed is not None else None)
-    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution)
-    schema = T.StructType([T.StructField(GID, T.LongType(), False),
-                           T.StructField("quantile", T.DoubleType(), False),
-                           T.StructField("value", T.DoubleType(), False)])
-
-    arrow_schema = pa.schema([(f.name, pa.float64() if f.name != GID else pa.int64())
-                              for f in schema.fields])
-
-    def fn(batches):  # Arrow in and out: the single int64 column needs no pandas conversion
-        for frame in release_partition(batches, params):
-            yield pa.RecordBatch.from_pandas(frame, schema=arrow_schema, preserve_index=False)
-
-    released = codes.mapInArrow(fn, schema=schema).toArrow()
-    gids = released.column(GID).to_numpy()
-    quantile = [released.column("quantile")]
-    value = [released.column("value")]
-    take = [pa.array(gids, type=pa.int64())]
-    missing = np.setdiff1d(np.arange(key_table.num_rows), gids)
-    for gid in missing:  # public keys without rows: released from empty data on the driver
-        empty = pd.DataFrame({GID: [int(gid)], CELL: [-1], COUNT: [0], KEY_HASH: [hashes[gid]]})
-        out = release_group(empty, dataclasses.replace(params, keys=(GID,)))
-        quantile.append(pa.array(out["quantile"], type=pa.float64()))
-        value.append(pa.array(out["value"], type=pa.float64()))
-        take.append(pa.array(np.full(len(out), gid, dtype=np.int64)))
-    index = pa.concat_arrays([c for chunk in take for c in _chunks(chunk)])
-    keys = key_table.select(list(req.keys)).take(index)
-    columns = {k: keys.column(k) for k in req.keys}
-    columns["quantile"] = pa.chunked_array([c for chunk in quantile for c in _chunks(chunk)])
-    columns["value"] = pa.chunked_array([c for chunk in value for c in _chunks(chunk)])
-    return pa.table(columns)
+def _has_null(table: pa.Table, keys) -> bool:
+    return any(table.column(k).null_count for k in keys)
 
 
-def _chunks(array):
-    return array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+def _factorize(table: pa.Table, keys) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of the distinct key tuples of ``table`` (Arrow, exact: int64 beyond 2**53 stays
+    itself; null and NaN are distinct) and the row index of each code's first occurrence."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    codes = []
+    for k in keys:
+        column = table.column(k).combine_chunks()
+        encoded = pc.dictionary_encode(column, null_encoding="encode")
+        codes.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+    stacked = np.stack(codes, axis=1)
+    _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64), first
 
 
-def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
-    """Keys from DP partition selection: stream key columns and cells through ``mapInPandas``;
-    each group's noisy unit count is tested against the threshold before its release."""
-    extra = {}
-    if req.privacy_unit is not None:
-        extra[UNITS] = F.col(UNITS)
-    if params.base_seed is not None:  # seeded (tests): per-group seed from a stable key hash
-        extra[KEY_HASH] = _key_hash(req.keys)
-    params = dataclasses.replace(params, extra_columns=tuple(extra))
-    cells = flow.partitioned_cells(rows, req.keys, req.lower, req.upper, req.resolution,
-                                   list(extra.values()))
-
-    def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
-        return release_partition(batches, params)
-
-    return cells.mapInPandas(fn, schema=_output_schema(req)).toArrow()
+def _sorted_distinct(table: pa.Table, keys) -> pa.Table:
+    """Distinct key tuples sorted as the output is (nulls first, NaN after every number)."""
+    _, first = _factorize(table, keys)
+    distinct = table.select(list(keys)).take(pa.array(first, type=pa.int64()))
+    return distinct.take(_sort_order(distinct, keys))
 
 
-def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
-    """Collect the (at most ``resolution``) cell counts and run the mechanism on the driver."""
-    counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
-    pdf = counts.toArrow().to_pandas()
-    if pdf.empty:
-        pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
-    out = release_group(pdf, params)
-    return pa.Table.from_pandas(out, preserve_index=False)
+def _sort_order(table: pa.Table, keys) -> pa.Array:
+    """Row order by the key columns, ascending, nulls first (NaN after every number), as Spark's
+    ``asc_nulls_first``."""
+    try:  # pyarrow >= 20: null placement per sort key
+        return pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in keys])
+    except (TypeError, ValueError):
+        return pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys],
+                               null_placement="at_start")
 
 
-def _materialise(req: QuantileRequest, table) -> DataFrame:
-    """Return a DataFrame over the collected rows, sorted by key then quantile."""
-    spark = req.df.sparkSession
-    out = spark.createDataFrame(table, schema=_output_schema(req))
-    return out.orderBy(*[F.col(k).asc_nulls_first() for k in req.keys], "quantile")
+def _index_keys(coarse: pa.Table, keys) -> tuple[pa.Table, np.ndarray]:
+    """Partition selection: the distinct keys of pass 1, sorted, and each row's key index."""
+    codes, first = _factorize(coarse, keys)
+    distinct = coarse.select(list(keys)).take(pa.array(first, type=pa.int64()))
+    order = _sort_order(distinct, keys).to_numpy()
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return distinct.take(pa.array(order, type=pa.int64())), rank[codes]
+
+
+def _group_rngs(params: ReleaseParams, key_table: pa.Table, keys, n_groups: int) -> list:
+    if params.base_seed is None:
+        return [rel.group_rng(params, 0) for _ in range(n_groups)]
+    if not keys:
+        return [rel.group_rng(params, rel.key_seed(()))]
+    rows = zip(*[key_table.column(k).to_pylist() for k in keys])
+    return [rel.group_rng(params, rel.key_seed(tuple(r))) for r in rows]
+
+
+class _Groups:
+    """Pass 1 on the driver: each group's sorted non-empty cells and counts."""
+
+    def __init__(self, gid: np.ndarray, coarse: pa.Table, n_groups: int, units: bool):
+        cells = coarse.column(CELL).to_numpy()
+        counts = coarse.column(COUNT).to_numpy()
+        order = np.lexsort((cells, gid))
+        self.gid, self.cells, self.counts = gid[order], cells[order], counts[order]
+        self.units = coarse.column(UNITS).to_numpy()[order] if units else None
+        self.bounds = np.searchsorted(self.gid, np.arange(n_groups + 1), side="left")
+        self.keep: dict[int, np.ndarray] = {}
+
+    def span(self, g: int) -> slice:
+        return slice(int(self.bounds[g]), int(self.bounds[g + 1]))
+
+    def size(self, g: int) -> int:
+        source = self.counts if self.units is None else self.units
+        return int(source[self.span(g)].sum())
+
+    def reachable(self, chosen: np.ndarray, params: ReleaseParams) -> np.ndarray:
+        """Mask over all pass-1 rows: the (group, coarse cell) pairs pass 2 must bring."""
+        keep = np.zeros(self.gid.size, dtype=bool)
+        for g in chosen:
+            s = self.span(g)
+            if s.stop > s.start:
+                keep[s] = rel.keep_cells(self.cells[s], self.counts[s], params)
+        self.keep_all = keep
+        return keep
+
+    def represented(self, g: int, fine, params: ReleaseParams):
+        s = self.span(g)
+        if not params.fine:
+            return self.cells[s], self.counts[s]
+        kept_k, kept_counts = fine.of(g) if fine is not None else (np.zeros(0, np.int64),) * 2
+        return bands.represent(kept_k, kept_counts, self.cells[s], self.counts[s],
+                               self.keep_all[s])
+
+
+class _FineCounts:
+    """Pass 2 on the driver: each group's sorted fine indices and counts."""
+
+    def __init__(self, table: pa.Table):
+        gid = table.column(GID).to_numpy()
+        fine = table.column(FINE).to_numpy()
+        counts = table.column(COUNT).to_numpy()
+        order = np.lexsort((fine, gid))
+        self.gid, self.fine, self.counts = gid[order], fine[order], counts[order]
+
+    def of(self, g: int):
+        a, b = np.searchsorted(self.gid, [g, g + 1])
+        return self.fine[a:b], self.counts[a:b]
+
+
+def _reach_frame(req: QuantileRequest, groups: _Groups, keep: np.ndarray, key_table: pa.Table,
+                 group_cols) -> DataFrame:
+    """The reachable (group, coarse cell) pairs as a local DataFrame for the pass-2 join."""
+    gid = groups.gid[keep]
+    columns = {}
+    fields = []
+    if req.selects_partitions:
+        taken = key_table.take(pa.array(gid, type=pa.int64()))
+        for k in req.keys:
+            columns[k] = taken.column(k)
+        fields = list(_key_schema(req).fields)
+    columns[CELL] = pa.array(groups.cells[keep], type=pa.int64())
+    columns[GID] = pa.array(gid, type=pa.int64())
+    fields += [T.StructField(CELL, T.LongType(), False), T.StructField(GID, T.LongType(), False)]
+    return req.df.sparkSession.createDataFrame(pa.table(columns), schema=T.StructType(fields))
+
+
+def _materialise(req: QuantileRequest, key_table: pa.Table, chosen: np.ndarray,
+                 values: list) -> DataFrame:
+    """A DataFrame over the released rows, already in key then quantile order (the key table
+    is sorted on the driver, so reading the result runs no sort job)."""
+    m = len(req.quantiles)
+    reps = np.repeat(np.asarray(chosen, dtype=np.int64), m)
+    columns = {k: key_table.column(k).take(pa.array(reps, type=pa.int64())) for k in req.keys}
+    columns["quantile"] = pa.array(np.tile(np.asarray(req.quantiles), len(chosen)), pa.float64())
+    flat = np.concatenate(values) if values else np.zeros(0)
+    columns["value"] = pa.array(flat, type=pa.float64())
+    table = pa.table(columns) if columns else None
+    return req.df.sparkSession.createDataFrame(table, schema=_output_schema(req))

@@ -64,8 +64,16 @@ def call(df, column="x", **overrides):
         ("x", dict(group_by="g", groups="ab"), TypeError, r"`groups` must be a list of keys or a DataFrame"),
         ("x", dict(group_by=["g", "s"], groups=[1]), ValueError, r"`groups` entries must be tuples of 2"),
         ("x", dict(group_by="g", groups=[[1, 2]]), ValueError, r"`groups` entries must be tuples of 1"),
-        ("x", dict(group_by="g", groups=["text"]), TypeError, r"`groups` values must match the types"),
-        ("x", dict(group_by="g", groups=[{}]), TypeError, r"`groups` entries must be hashable"),
+        ("x", dict(group_by="g", groups=["text"]), TypeError,
+         r"`groups` values for `group_by` column 'g' \(bigint\) must be int, got str"),
+        ("x", dict(group_by="s", groups=[1, 2]), TypeError,
+         r"`groups` values for `group_by` column 's' \(string\) must be str, got int"),
+        ("x", dict(group_by="g", groups=[1.5]), TypeError, r"column 'g' \(bigint\) must be int, got float"),
+        ("x", dict(group_by="g", groups=[True]), TypeError, r"must be int, got bool"),
+        ("x", dict(group_by="g", groups=[2**63]), ValueError, r"out of the range of bigint"),
+        ("x", dict(group_by="g", groups={1: "a"}), TypeError, r"`groups` must be a list of keys .* got a dict"),
+        ("x", dict(group_by="g", groups=[]), ValueError, r"`groups` is empty"),
+        ("x", dict(group_by="g", groups=[{}]), TypeError, r"must be int, got dict"),
         ("x", dict(delta=1e-6), ValueError, r"`delta` is only used for DP partition selection"),
         ("x", dict(group_by="g", groups=[1], delta=1e-6), ValueError, r"`delta` is only used for DP"),
         ("x", dict(group_by="g", delta=1.5), ValueError, r"`delta` must be in \(0, 1\)"),
@@ -102,3 +110,13 @@ def test_valid_call_on_bomb_would_run_a_job(bomb):
     """Power of the fixture: a valid call does evaluate the column and hits the bomb."""
     with pytest.raises(Exception, match="a Spark job ran before validation"):
         call(bomb, rng=np.random.default_rng(0))
+
+
+def test_groups_dataframe_with_other_key_types_fails_early(spark, bomb):
+    keys = spark.createDataFrame([("1",), ("0",)], "g string")
+    with pytest.raises(TypeError, match=r"`groups` DataFrame columns must have the types of the "
+                                        r"`group_by` columns \{'g': 'bigint'\}, got \{'g': 'string'\}"):
+        call(bomb, group_by="g", groups=keys)
+    keys = spark.createDataFrame([(1,)], "g int")  # int for bigint: also no silent cast
+    with pytest.raises(TypeError, match=r"`groups` DataFrame columns must have the types"):
+        call(bomb, group_by="g", groups=keys)
