@@ -295,13 +295,19 @@ def _sorted_distinct(table: pa.Table, keys) -> pa.Table:
 
 
 def _sort_order(table: pa.Table, keys) -> pa.Array:
-    """Row order by the key columns, ascending, nulls first (NaN after every number), as Spark's
-    ``asc_nulls_first``."""
-    try:  # pyarrow >= 20: null placement per sort key
-        return pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in keys])
-    except (TypeError, ValueError):
-        return pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys],
-                               null_placement="at_start")
+    """Row order by the key columns as Spark's ``asc_nulls_first``: nulls first, then numbers,
+    then NaN (Arrow would put NaN beside the nulls, so NaN gets a column of its own)."""
+    columns, sort_keys = {}, []
+    for i, k in enumerate(keys):
+        column = table.column(k)
+        columns[f"v{i}"] = pc.is_valid(column)
+        sort_keys.append((f"v{i}", "ascending"))
+        if pa.types.is_floating(column.type):
+            columns[f"n{i}"] = pc.fill_null(pc.is_nan(column), False)
+            sort_keys.append((f"n{i}", "ascending"))
+        columns[f"k{i}"] = column
+        sort_keys.append((f"k{i}", "ascending"))
+    return pc.sort_indices(pa.table(columns), sort_keys=sort_keys)
 
 
 def _index_keys(coarse: pa.Table, keys) -> tuple[pa.Table, np.ndarray]:
