@@ -97,3 +97,80 @@ def test_fine_index_rounds_to_the_nearest_grid_point_and_clips():
     assert cb.fine_index(x, A, B).tolist() == [0, 0, 0, 1, 7, cb.FINE_SIZE, cb.FINE_SIZE]
     assert cb.coarse_of(np.array([cb.FINE_SIZE, cb.FINE_SIZE - 1, 4095, 4096])).tolist() == [
         cb.COARSE_CELLS - 1, cb.COARSE_CELLS - 1, 0, 1]
+
+
+# ------------------------------------------------------------------------------------------
+# Small groups by enumeration: the core's distribution
+
+
+def _params(epsilon, quantiles, lower=0.0, upper=10.0):
+    from dpq_spark.spark._release import ReleaseParams
+
+    return ReleaseParams(quantiles=tuple(quantiles), epsilon=epsilon, lower=lower, upper=upper,
+                         resolution=2**20, neighboring="add_remove", mechanism="joint_exp")
+
+
+def _interval_table(outputs: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Counts of each (interval of output 1, interval of output 2) pair."""
+    cells = np.searchsorted(values, outputs, side="right")  # 0 .. len(values)
+    K = values.size + 1
+    return np.bincount(cells[:, 0] * K + cells[:, 1], minlength=K * K)
+
+
+def _core_draws(values, counts, quantiles, epsilon, draws, seed):
+    import importlib
+
+    je = importlib.import_module("dpq_spark.core.joint_exp")
+    from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
+
+    q = np.asarray(quantiles, dtype=float)
+    c = epsilon / (2 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
+    out, _ = je._sample_many(values, counts, q, c, 0.0, 10.0, np.random.default_rng(seed), draws)
+    return out
+
+
+def _small_draws(values, counts, quantiles, epsilon, draws, seed):
+    from dpq_spark.core._random import resolve_rng
+    from dpq_spark.spark._release import small_joint_exp
+
+    params = _params(epsilon, quantiles)
+    rng = resolve_rng(np.random.default_rng(seed))
+    return np.array([small_joint_exp(values, counts, params, rng) for _ in range(draws)])
+
+
+def _chi2_pvalue(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import chi2_contingency
+
+    keep = (a + b) > 0
+    return chi2_contingency(np.vstack([a[keep], b[keep]]))[1]
+
+
+VALUES = np.array([2.0, 4.0, 5.0, 7.0])
+COUNTS = np.array([1, 2, 1, 1])
+QS = [0.3, 0.7]
+
+
+def test_small_group_enumeration_matches_the_core_sampler():
+    draws = 30_000
+    core = _interval_table(_core_draws(VALUES, COUNTS, QS, 1.0, draws, 1), VALUES)
+    small = _interval_table(_small_draws(VALUES, COUNTS, QS, 1.0, draws, 2), VALUES)
+    assert _chi2_pvalue(core, small) > 1e-3
+
+
+def test_small_group_enumeration_test_has_power():
+    """The same test rejects enumeration at a wrong epsilon (x1.3 and x0.7)."""
+    draws = 30_000
+    core = _interval_table(_core_draws(VALUES, COUNTS, QS, 1.0, draws, 1), VALUES)
+    for wrong in (1.3, 0.7):
+        small = _interval_table(_small_draws(VALUES, COUNTS, QS, wrong, draws, 2), VALUES)
+        assert _chi2_pvalue(core, small) < 1e-3
+
+
+def test_empty_group_is_sorted_uniforms():
+    from scipy.stats import kstest
+
+    out = _small_draws(np.zeros(0), np.zeros(0, dtype=np.int64), [0.5], 1.0, 4000, 3)
+    assert kstest(out[:, 0] / 10.0, "uniform").pvalue > 1e-3
+    out = _small_draws(np.zeros(0), np.zeros(0, dtype=np.int64), [0.25, 0.75], 1.0, 2000, 4)
+    assert np.all(np.diff(out, axis=1) >= 0)
+    assert kstest(out.min(axis=1) / 10.0, lambda x: 1 - (1 - x) ** 2).pvalue > 1e-3
