@@ -24,6 +24,7 @@ __all__ = ["dp_quantiles", "DEFAULT_RESOLUTION"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_RESOLUTION = 2**20
+_KEEP_ALL_ROWS = 4096  # groups with at most this many rows bring all their fine counts
 _BROADCAST_ROWS = 200_000  # key lists and reachable-cell lists up to this size are broadcast
 
 
@@ -90,17 +91,18 @@ def dp_quantiles(
     selection_fraction : float, default 0.5
         Share of ``epsilon`` spent on partition selection when ``delta`` is given.
     rng : numpy.random.Generator, optional
-        Source of randomness. ``None`` (production) draws fresh OS entropy in every Python
-        worker call; pass a seeded Generator only in tests, which makes the release reproducible
-        for the same data and partitioning.
+        Source of randomness. ``None`` (production) draws fresh OS entropy for every group;
+        pass a seeded Generator only in tests: each group then draws from
+        ``default_rng([base_seed, key_seed(key)])`` (``base_seed`` the Generator's first 63
+        bits), so the release is reproducible for the same data on any path or deployment.
 
     Returns
     -------
     pyspark.sql.DataFrame
         The ``group_by`` columns, ``quantile`` (double) and ``value`` (double): one row per group
-        and quantile, sorted by group then quantile. The release is computed once, collected to
-        the driver (``|groups| x len(quantiles)`` rows) and returned as a DataFrame over those
-        local rows, so every action on it sees the same numbers.
+        and quantile, sorted by group (nulls first) then quantile. The release is computed once
+        on the driver and returned as a DataFrame over those local rows
+        (``|groups| x len(quantiles)``), so every action on it sees the same numbers.
 
     Raises
     ------
@@ -361,7 +363,9 @@ class _Groups:
         keep = np.zeros(self.gid.size, dtype=bool)
         for g in chosen:
             s = self.span(g)
-            if s.stop > s.start:
+            if s.stop - s.start <= 1 or self.counts[s].sum() <= _KEEP_ALL_ROWS:
+                keep[s] = True  # always sound; a small group's fine counts are few anyway
+            else:
                 keep[s] = rel.keep_cells(self.cells[s], self.counts[s], params)
         self.keep_all = keep
         return keep

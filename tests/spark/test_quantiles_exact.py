@@ -41,7 +41,7 @@ def grouped_data():
         "cell_and_day": np.concatenate([base + gen.integers(0, 4096, 600),
                                         base + gen.integers(-DAY, DAY, 400).astype(np.int64)]),
         # a cluster with far outliers: the outliers' coarse cells are pruned
-        "outliers": np.concatenate([base + gen.integers(0, 200 * 4096, 3000),
+        "outliers": np.concatenate([base + gen.integers(0, 200 * 4096, 6000),
                                     gen.integers(0, 2**32, 30)]),
         "tiny": base + gen.integers(0, 10**9, 3),
     }
@@ -80,6 +80,18 @@ def test_release_equals_core_on_raw_values_with_same_seed(spark, epsilon):
     truth = np.quantile(data["one_cell"], Q, method="inverted_cdf")
     error = np.abs(out.loc[out["g"] == "one_cell", "value"].to_numpy() - truth)
     assert error.max() < 1907  # inside the cell, not the ~6e8 s of midpoints of empty cells
+
+
+def test_outlier_group_exercises_pruning():
+    """The "outliers" group is large enough to be pruned and some of its cells are pruned, so
+    the equality tests cover the represented data, not only the exact one."""
+    from dpq_spark.spark.quantiles import _KEEP_ALL_ROWS
+
+    k = cb.fine_index(grouped_data()["outliers"], A, B)
+    assert k.size > _KEEP_ALL_ROWS
+    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    c = 1.0 / (2 * 2 * (1 - 0.1))  # epsilon 1, add/remove, deciles gap 0.1
+    assert not cb.reachable(cells, counts, np.array(Q), c, A, B).all()
 
 
 def test_global_release_equals_core(spark):
