@@ -1,9 +1,8 @@
 """The README's Python quickstart snippets run as written, in order, in one namespace.
 
-``QUICKSTART`` holds the quickstart text proposed for README.md (issue 10: the old DataFrame
-snippet read the bundled CSV with ``inferSchema=True``, which leaves ``average_rating`` a string,
-and the ``counts=`` snippet used undefined names). Once README.md carries it, ``QUICKSTART``
-becomes ``README.read_text()``: the test then checks the README itself.
+The README's quickstart once read the bundled CSV with ``inferSchema=True`` (which leaves
+``average_rating`` a string) and used undefined names in its ``counts=`` snippet (issue 10); these
+tests run the README itself, so a broken snippet fails them.
 """
 
 from __future__ import annotations
@@ -16,48 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
-QUICKSTART = '''
-The core, on a numpy array:
-
-```python
-import numpy as np
-import dpq_spark
-
-x = np.random.default_rng().normal(0, 5, 100_000)
-dpq_spark.joint_exp(x, [0.1, 0.5, 0.9], epsilon=1.0, lower=-100, upper=100)
-# array([-6.41..., 0.01..., 6.39...])   (m sorted estimates in [lower, upper])
-```
-
-With multiplicities (binned or pre-aggregated data), at a cost that grows with the number of
-distinct values, not the number of rows:
-
-```python
-values = np.arange(50, 10_000, 100)                             # bin midpoints of [0, 10_000]
-counts = np.random.default_rng().poisson(10_000, values.size)   # rows per bin (~1e6 in all)
-dpq_spark.joint_exp(values, [0.1, 0.5, 0.9], epsilon=1.0, lower=0, upper=1e4, counts=counts)
-```
-
-On a DataFrame, per public group (from the repository root, on the bundled data):
-
-```python
-from pyspark.sql import SparkSession, functions as F
-from dpq_spark import dp_quantiles
-
-spark = SparkSession.builder.getOrCreate()
-# Read every column as a string and convert the value with try_cast: a few rows of this CSV have
-# an unquoted comma, so inferSchema would make `average_rating` a string; their ratings become
-# null here, and dp_quantiles drops null values.
-df = spark.read.csv("data/goodreads_books.csv", header=True).withColumn(
-    "average_rating", F.expr("try_cast(average_rating AS double)"))
-
-release = dp_quantiles(
-    df, "average_rating",
-    quantiles=[0.1, 0.5, 0.9], epsilon=1.0, lower=0.0, upper=5.0,
-    group_by="language_code", groups=["eng", "spa", "fre"],
-)
-release.show()        # language_code | quantile | value; computed once, every action sees the same numbers
-```
-'''
+QUICKSTART = README.read_text()
 
 
 def python_blocks(markdown: str) -> list[str]:
