@@ -57,7 +57,14 @@ import numpy as np
 
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import discrete_laplace, dlap_scale
-from dpq_spark.core._validation import _is_real, check_epsilon, check_values, check_counts
+from dpq_spark.core._validation import (
+    _is_real,
+    check_counts,
+    check_epsilon,
+    check_granularity,
+    check_quantiles,
+    check_values,
+)
 from dpq_spark.core.privacy import NeighboringRelation
 
 __all__ = ["PrivateBounds", "private_bounds", "candidate_grid", "DEFAULT_BOUNDS_SHARE", "WIDEN"]
@@ -277,6 +284,10 @@ def with_private_bounds(mechanism):
                              neighboring=neighboring, counts=counts, rng=rng, **extra)
         eps = check_epsilon(epsilon)
         share = _check_share(bounds_share, "bounds_share")
+        # Validate what the second step needs before the first one reads the data.
+        check_quantiles(quantiles)
+        if extra.get("granularity") is not None:
+            check_granularity(extra["granularity"])
         source = resolve_rng(rng)
         found = private_bounds(values, epsilon=share * eps, lower=lower, upper=upper,
                                neighboring=neighboring, counts=counts, n_hint=n_hint, rng=source)

@@ -159,3 +159,24 @@ def test_search_transcripts_respect_epsilon_and_catch_double_spending(relation):
     a2 = _transcripts(counts, 4 * eps, threshold, runs, 12)
     b2 = _transcripts(neighbour, 4 * eps, threshold, runs, 13)
     assert _max_log_ratio_lower_bound(a2, b2, runs) > eps
+
+
+def test_bounds_free_refuses_bad_quantiles_before_drawing_anything():
+    from dpq_spark.core._random import RandomSource
+    from dpq_spark.core.mechanisms import joint_exp
+
+    drawn = []
+
+    def read(k):
+        drawn.append(k)
+        return bytes(k)
+
+    source = RandomSource(read, cryptographic=False, name="spy")
+    x = np.linspace(0.0, 10.0, 200)
+    for bad, match in (([0.5, 0.2], "`quantiles`"), ([1.5], "`quantiles`")):
+        with pytest.raises(ValueError, match=match):
+            joint_exp(x, bad, epsilon=1.0, rng=source)
+    with pytest.raises(ValueError, match="`granularity`"):
+        joint_exp(x, [0.5], epsilon=1.0, granularity=-1.0, rng=source)
+    assert drawn == []
+    joint_exp(x, [0.5], epsilon=1.0, rng=np.random.default_rng(0))  # the valid call runs
