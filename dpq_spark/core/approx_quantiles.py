@@ -121,12 +121,14 @@ def approx_quantiles(
     )
     grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
-    data = sort_data(grid.snap(x), c, 0, grid.steps)
+    f, f_counts = grid.fine_indices(x, c, source)
+    top = grid.fine_size - 1
+    data = sort_data(f, f_counts, 0, top)
     eps_level = request.epsilon / recursion_depth(request.m)
     out = np.empty(request.m, dtype=np.int64)
     # Work list of sub-problems: (data, first, last grid index, rescaled quantiles, output slots, top?).
     stack: list[tuple[SortedData, int, int, np.ndarray, np.ndarray, bool]] = [
-        (data, 0, grid.steps, request.quantiles, np.arange(request.m), True)
+        (data, 0, top, request.quantiles, np.arange(request.m), True)
     ]
     while stack:
         sub, lo, hi, qs, slots, top = stack.pop()
@@ -140,4 +142,4 @@ def approx_quantiles(
         if mid + 1 < qs.size:
             right_q = (qs[mid + 1 :] - q_star) / (1.0 - q_star)
             stack.append((sub.restrict(v, hi, include_hi=True), v, hi, right_q, slots[mid + 1 :], False))
-    return grid.value(np.sort(out))
+    return grid.release(np.sort(out))

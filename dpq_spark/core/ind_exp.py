@@ -24,12 +24,13 @@ __all__ = ["ind_exp", "app_ind_exp"]
 def _independent(request: QuantileRequest, x, c, eps_each: float, rng, granularity) -> np.ndarray:
     grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
-    cells = GridCells.of(sort_data(grid.snap(x), c, 0, grid.steps), 0, grid.size)
+    f, f_counts = grid.fine_indices(x, c, source)
+    cells = GridCells.of(sort_data(f, f_counts, 0, grid.fine_size - 1), 0, grid.fine_size)
     out = [
         cells.sample(float(q), eps_each, single_quantile_sensitivity(float(q), request.neighboring), source)
         for q in request.quantiles
     ]
-    return grid.value(np.sort(np.array(out, dtype=np.int64)))
+    return grid.release(np.sort(np.array(out, dtype=np.int64)))
 
 
 def ind_exp(

@@ -207,8 +207,9 @@ def joint_exp(
     source = resolve_rng(rng)
     delta_u = joint_exp_sensitivity(request.quantiles, request.neighboring)
     c = request.epsilon / (2.0 * delta_u)
-    k = _sample_indices(grid.snap(x), c_arr, request.quantiles, c, grid.size, source)[0]
-    return grid.value(k)
+    f, f_counts = grid.fine_indices(x, c_arr, source)
+    k = _sample_indices(f, f_counts, request.quantiles, c, grid.fine_size, source)[0]
+    return grid.release(k)
 
 
 def joint_exp_indices(
@@ -702,9 +703,12 @@ def _sample_indices(idx, counts, q, c, size, source, draws=1):
 
 
 def _sample_many(x, counts, q, c, a, b, rng, size, granularity=None):
-    """``size`` draws of ``joint_exp`` (validated inputs) as grid indices, with the grid."""
+    """``size`` draws of ``joint_exp`` (validated inputs) as fine grid indices, with the grid
+    (``grid.release`` maps them to values). All draws share one jitter of the data."""
     grid = Grid(a, b, granularity)
-    return _sample_indices(grid.snap(x), counts, q, c, grid.size, resolve_rng(rng), size), grid
+    source = resolve_rng(rng)
+    f, f_counts = grid.fine_indices(x, counts, source)
+    return _sample_indices(f, f_counts, q, c, grid.fine_size, source, size), grid
 
 
 def _backward(fw: _Forward, i: int, source) -> np.ndarray:
