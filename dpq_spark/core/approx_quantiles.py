@@ -68,7 +68,10 @@ def approx_quantiles(
         Multiplicity of each entry of ``values`` (exactly ``np.repeat(values, counts)``).
     granularity : float, optional
         Step of the public output grid; default ``(upper - lower) / 2**32`` (see
-        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step).
+        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step). Giving it declares
+        the data's resolution: ties are jittered inside their grid cell once, before the
+        recursion (:mod:`dpq_spark.core.single_quantile`), which then runs on the fine grid; the
+        outputs are rounded back. Cost O(sum of counts) with ``counts``.
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -106,7 +109,10 @@ def approx_quantiles(
     ``epsilon / L``. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are chosen
     without looking at the data. As implemented (float64 weights, exact draws), each draw adds
     the ``eta`` and ``delta`` of :mod:`dpq_spark.core.joint_exp` for m = 1: ``(epsilon + L eta,
-    L delta)``-DP overall.
+    L delta)``-DP overall. With ``granularity`` given, the whole recursion runs on one per-row
+    jitter of the data (grid indices above are then fine-grid indices); for each fixed jitter it
+    has this guarantee, so the mixture does too (:mod:`dpq_spark.core.grid`); the final
+    rounding is post-processing.
 
     Examples
     --------
