@@ -272,18 +272,24 @@ def mean_abs_error(x, lower, upper, reps, seed, granularity=None, mechanism=join
                           for _ in range(reps)]))
 
 
-def test_goodreads_deciles_land_on_the_ties():
+def test_goodreads_deciles_land_on_the_ties(monkeypatch):
     # Goodreads average_rating (11,123 values, 209 distinct), deciles at eps = 1, 30 repetitions,
     # granularity 0.01 declared: target of issue 12 <= 0.0022 (PipelineDP's tree). Measured
-    # 0.0007 with jitter; 0.0034 without (mid-rank on the 0.01 grid), 0.0037 on the default grid.
+    # 0.00063 with jitter (IndExp 0.0014, ApproxQuantiles 0.0006); 0.0034 without jitter
+    # (mid-rank on the 0.01 grid), 0.0039 on the default grid.
     x = ratings()
     assert x.size == 11_123
     assert mean_abs_error(x, 0.0, 5.0, 30, seed=0, granularity=0.01) <= 0.0022
+    assert mean_abs_error(x, 0.0, 5.0, 30, seed=0, granularity=0.01, mechanism=approx_quantiles) <= 0.0022
+    # Power: the same grid without the jitter misses the target.
+    monkeypatch.setattr(grid_module, "_JITTER_SCALE", 1)
+    assert mean_abs_error(x, 0.0, 5.0, 30, seed=0, granularity=0.01) > 0.0028
 
 
 def test_continuous_data_keeps_its_accuracy_with_and_without_granularity():
-    # 1,000 N(0, 5) values, bounds ±100, deciles, eps = 1, 30 datasets: 0.082 measured on the
-    # default grid before this change; with granularity 0.01 (jitter) and without, both ~0.08.
+    # 1,000 N(0, 5) values, bounds ±100, deciles, eps = 1, 30 datasets (seed 5): measured 0.0947
+    # on the default grid (no jitter; as on main) and 0.0945 with granularity 0.01 (jitter). Over
+    # 200 datasets: 0.092 both ways (0.0875 for the 0.01 grid without jitter).
     for g in (None, 0.01):
         gen = np.random.default_rng(5)
         errs = [mean_abs_error(gen.normal(0.0, 5.0, 1000), -100.0, 100.0, 1, seed=s, granularity=g)
