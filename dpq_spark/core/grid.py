@@ -79,7 +79,8 @@ class Grid:
         Public, finite bounds with ``lower < upper``.
     granularity : float, optional
         The step g, finite and > 0, with ``(upper - lower) / g <= 2**52``. Default
-        ``(upper - lower) / 2**32`` (float64).
+        ``(upper - lower) / 2**32`` (float64). Given explicitly, it declares the data's
+        resolution and switches on the jitter of ties (``jitter > 1``, module docstring).
 
     Attributes
     ----------
