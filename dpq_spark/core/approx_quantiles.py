@@ -68,7 +68,10 @@ def approx_quantiles(
         Multiplicity of each entry of ``values`` (exactly ``np.repeat(values, counts)``).
     granularity : float, optional
         Step of the public output grid; default ``(upper - lower) / 2**32`` (see
-        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step).
+        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step). Giving it declares
+        the data's resolution: ties are jittered inside their grid cell once, before the
+        recursion (:mod:`dpq_spark.core.single_quantile`), which then runs on the fine grid; the
+        outputs are rounded back. Cost O(sum of counts) with ``counts``.
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -106,7 +109,10 @@ def approx_quantiles(
     ``epsilon / L``. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are chosen
     without looking at the data. As implemented (float64 weights, exact draws), each draw adds
     the ``eta`` and ``delta`` of :mod:`dpq_spark.core.joint_exp` for m = 1: ``(epsilon + L eta,
-    L delta)``-DP overall.
+    L delta)``-DP overall. With ``granularity`` given, the whole recursion runs on one per-row
+    jitter of the data (grid indices above are then fine-grid indices); for each fixed jitter it
+    has this guarantee, so the mixture does too (:mod:`dpq_spark.core.grid`); the final
+    rounding is post-processing.
 
     Examples
     --------
@@ -121,12 +127,14 @@ def approx_quantiles(
     )
     grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
-    data = sort_data(grid.snap(x), c, 0, grid.steps)
+    f, f_counts = grid.fine_indices(x, c, source)
+    top = grid.fine_size - 1
+    data = sort_data(f, f_counts, 0, top)
     eps_level = request.epsilon / recursion_depth(request.m)
     out = np.empty(request.m, dtype=np.int64)
     # Work list of sub-problems: (data, first, last grid index, rescaled quantiles, output slots, top?).
     stack: list[tuple[SortedData, int, int, np.ndarray, np.ndarray, bool]] = [
-        (data, 0, grid.steps, request.quantiles, np.arange(request.m), True)
+        (data, 0, top, request.quantiles, np.arange(request.m), True)
     ]
     while stack:
         sub, lo, hi, qs, slots, top = stack.pop()
@@ -140,4 +148,4 @@ def approx_quantiles(
         if mid + 1 < qs.size:
             right_q = (qs[mid + 1 :] - q_star) / (1.0 - q_star)
             stack.append((sub.restrict(v, hi, include_hi=True), v, hi, right_q, slots[mid + 1 :], False))
-    return grid.value(np.sort(out))
+    return grid.release(np.sort(out))

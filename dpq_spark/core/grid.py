@@ -18,6 +18,30 @@ formula), except in the last partial step ``(a + N g, b]`` when ``(b - a) / g`` 
 where it moves by less than ``g``. The default ``g = (b - a) / 2**32`` makes this ``1.2e-10`` of
 the bounds' span.
 
+Ties: jitter inside a declared resolution. When the caller passes ``granularity`` explicitly, it
+declares the public resolution of the data and of the releases (0.01 for two-decimal ratings, 1
+for integer ages), and values sit in large tie blocks on that grid. A mechanism then runs on a
+finer internal grid of step ``g / S`` (``S = Grid.jitter``, ``2**16``, halved while
+``N S > 2**52``): each record's index k is moved, independently of every other record, to a
+uniform *fine index* in ``[k S - S/2, k S + S/2)`` intersected with ``[0, N S]``
+(:func:`jitter_indices`, exact integer draws), the mechanism draws fine indices, and each is
+rounded back to ``floor((f + S/2) / S)`` (:func:`round_indices`, the k whose fine cell holds f)
+before :meth:`Grid.value`. The t copies of a tied value v spread over v's fine cell, so an output
+whose rank falls anywhere inside v's block (its edges included) lies in v's cell and is released
+as v. With the default granularity no resolution was declared: ``Grid.jitter`` is 1 and
+nothing is jittered (ties are then handled by the mid-rank alone). The rule depends only on the
+arguments: jitter iff ``granularity`` is given and ``N <= 2**51``.
+
+Privacy of the jitter. Write ``J`` for the jitter and ``A`` for the mechanism on fine indices,
+(epsilon + eta, delta)-DP for add/remove or swap of one record. Neighbours share all records but
+one (x added or removed; or x swapped for x'). Fix the fine indices j of the shared records and
+y (y') of the odd one: ``j`` and ``j + y`` (``j + y`` and ``j + y'``) are neighbouring fine
+datasets, so ``P[A(j + y) in E] <= e^(epsilon + eta) P[A(j) in E] + delta`` and the other
+directions likewise. The jitters are independent of each other, so averaging these inequalities
+over y, y' and then j gives the same inequality for ``A(J(D))`` against ``A(J(D'))``. Hence the
+jittered mechanism has the guarantee, neighbouring relation and unit of the mechanism on the
+grid, and it would keep it even if every jitter were published. Rounding is post-processing.
+
 :func:`draw_index` draws an index with probability exactly proportional to given float64 weights
 (no float uniform, no cumulative sum), and :func:`uniform_multiset` a uniform multiset of grid
 points, both from exact integer draws of a :class:`~dpq_spark.core._random.RandomSource`.
@@ -32,10 +56,18 @@ import numpy as np
 
 from dpq_spark.core._validation import check_bounds, check_granularity
 
-__all__ = ["Grid", "MAX_GRID_STEPS", "draw_index", "uniform_multiset"]
+__all__ = [
+    "Grid",
+    "MAX_GRID_STEPS",
+    "draw_index",
+    "jitter_indices",
+    "round_indices",
+    "uniform_multiset",
+]
 
 MAX_GRID_STEPS = 2**52  # N <= 2**52: indices, ranks and grid weights stay exact in float64
 _DEFAULT_STEPS = 2**32
+_JITTER_SCALE = 2**16  # S: fine points per declared grid step (a power of two; tests lower it)
 
 
 class Grid:
@@ -47,7 +79,8 @@ class Grid:
         Public, finite bounds with ``lower < upper``.
     granularity : float, optional
         The step g, finite and > 0, with ``(upper - lower) / g <= 2**52``. Default
-        ``(upper - lower) / 2**32`` (float64).
+        ``(upper - lower) / 2**32`` (float64). Given explicitly, it declares the data's
+        resolution and switches on the jitter of ties (``jitter > 1``, module docstring).
 
     Attributes
     ----------
@@ -57,6 +90,11 @@ class Grid:
         integer counts as that integer).
     size : int
         ``N + 1``, the number of grid points.
+    jitter : int
+        S, fine points per step for ties (module docstring): ``2**16`` (fewer when ``N`` is
+        large) when ``granularity`` is given, 1 (no jitter) for the default grid.
+    fine_size : int
+        ``N S + 1``, the number of points of the fine grid the mechanisms sample on.
 
     Raises
     ------
@@ -70,7 +108,7 @@ class Grid:
     (501, 358, 3.58)
     """
 
-    __slots__ = ("lower", "upper", "granularity", "steps", "size")
+    __slots__ = ("lower", "upper", "granularity", "steps", "size", "jitter", "fine_size")
 
     def __init__(self, lower, upper, granularity=None):
         a, b = check_bounds(lower, upper)
@@ -92,6 +130,15 @@ class Grid:
         self.lower, self.upper, self.granularity = a, b, g
         self.steps = int(steps)
         self.size = self.steps + 1
+        jitter = 1
+        if granularity is not None:  # a declared resolution: jitter ties inside it
+            jitter = _JITTER_SCALE
+            while jitter > 1 and self.steps * jitter > MAX_GRID_STEPS:
+                jitter //= 2
+            if jitter < 2:
+                jitter = 1
+        self.jitter = int(jitter)
+        self.fine_size = self.steps * self.jitter + 1
 
     def __repr__(self) -> str:
         return f"Grid(lower={self.lower!r}, upper={self.upper!r}, granularity={self.granularity!r})"
@@ -106,6 +153,53 @@ class Grid:
         """The float64 value of grid index ``k``: ``min(b, a + k g)``, a fixed function of k."""
         k = np.asarray(k, dtype=np.int64)
         return np.minimum(self.upper, self.lower + k.astype(np.float64) * self.granularity)
+
+    def fine_indices(self, x, counts, source) -> tuple[np.ndarray, np.ndarray | None]:
+        """The private values as indices of the fine grid: snapped, then jittered.
+
+        Returns ``(f, counts)`` for a mechanism on ``fine_size`` points. Without jitter
+        (``jitter == 1``) these are ``snap(x)`` and ``counts`` unchanged; with it, one fine index
+        per row (``counts`` expanded) and ``None``.
+        """
+        k = self.snap(x)
+        if self.jitter == 1:
+            return k, counts
+        return jitter_indices(k, counts, self.jitter, self, source), None
+
+    def release(self, f) -> np.ndarray:
+        """The float64 values released for fine indices ``f``: ``value(round_indices(f))``."""
+        return self.value(round_indices(f, self.jitter, self))
+
+
+def jitter_indices(k, counts, jitter: int, grid: Grid, source) -> np.ndarray:
+    """Move each record's grid index to a uniform fine index inside its own cell.
+
+    Record with index k goes to a uniform integer of ``[k S - S/2, k S + S/2)`` intersected
+    with ``[0, N S]`` (``S = jitter``, even, or 1 for no jitter; ``N = grid.steps``), drawn
+    exactly and independently per record. With ``counts``, each of the ``counts[i]`` copies of
+    ``k[i]`` gets its own draw: the result has ``sum(counts)`` entries, so this costs
+    O(sum of counts) time and memory. Per-record and independent, it costs no privacy (module
+    docstring). Returns int64 fine indices in ``[0, N S]``.
+    """
+    k = np.asarray(k, dtype=np.int64)
+    if counts is not None:
+        k = np.repeat(k, np.asarray(counts, dtype=np.int64))
+    if jitter == 1:
+        return k.copy()
+    half = jitter // 2
+    top = grid.steps * jitter
+    lo = np.maximum(k * jitter - half, 0)
+    hi = np.minimum(k * jitter + half - 1, top)  # inclusive
+    return lo + source.below_array(hi - lo + 1)
+
+
+def round_indices(f, jitter: int, grid: Grid) -> np.ndarray:
+    """Grid index of each fine index: ``clip(floor((f + S/2) / S), 0, N)``, the inverse cell map
+    of :func:`jitter_indices` (post-processing; public)."""
+    f = np.asarray(f, dtype=np.int64)
+    if jitter == 1:
+        return f.copy()
+    return np.clip((f + jitter // 2) // jitter, 0, grid.steps)
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,12 +24,13 @@ __all__ = ["ind_exp", "app_ind_exp"]
 def _independent(request: QuantileRequest, x, c, eps_each: float, rng, granularity) -> np.ndarray:
     grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
-    cells = GridCells.of(sort_data(grid.snap(x), c, 0, grid.steps), 0, grid.size)
+    f, f_counts = grid.fine_indices(x, c, source)
+    cells = GridCells.of(sort_data(f, f_counts, 0, grid.fine_size - 1), 0, grid.fine_size)
     out = [
         cells.sample(float(q), eps_each, single_quantile_sensitivity(float(q), request.neighboring), source)
         for q in request.quantiles
     ]
-    return grid.value(np.sort(np.array(out, dtype=np.int64)))
+    return grid.release(np.sort(np.array(out, dtype=np.int64)))
 
 
 def ind_exp(
@@ -63,7 +64,10 @@ def ind_exp(
         ``np.repeat(values, counts)``, computed without expanding.
     granularity : float, optional
         Step of the public output grid; default ``(upper - lower) / 2**32`` (see
-        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step).
+        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step). Giving it declares
+        the data's resolution: ties are jittered inside their grid cell once, before the m
+        draws (:mod:`dpq_spark.core.single_quantile`), at a cost of O(sum of counts) with
+        ``counts``.
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -93,7 +97,9 @@ def ind_exp(
     unit of privacy. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are chosen
     without looking at the data. As implemented (float64 weights, exact draws): each draw is
     ``(epsilon / m + eta, delta)``-DP with ``eta``, ``delta`` of :mod:`dpq_spark.core.joint_exp`
-    for m = 1, so the whole is ``(epsilon + m eta, m delta)``-DP.
+    for m = 1, so the whole is ``(epsilon + m eta, m delta)``-DP. With ``granularity`` given,
+    the m draws share one per-row jitter of the data; for every fixed jitter the m draws compose
+    as above, so the mixture keeps the guarantee (:mod:`dpq_spark.core.grid`).
 
     Examples
     --------
@@ -159,8 +165,9 @@ def app_ind_exp(
     -------
     ``(epsilon, delta)``-differential privacy (approximate, not pure) for the chosen neighbouring
     relation; one row (one unit of multiplicity) is the unit of privacy. Each single draw is
-    ``eps0``-DP. Assumes ``lower``, ``upper`` and ``quantiles`` are chosen without looking at the
-    data.
+    ``eps0``-DP. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are chosen
+    without looking at the data. With ``granularity`` given, the draws share one per-row jitter
+    of the data, which keeps the guarantee (:func:`ind_exp`, :mod:`dpq_spark.core.grid`).
 
     Examples
     --------

@@ -17,6 +17,18 @@ with the *mid-rank* ``rho(k) = #{x < k} + f(#{x = k})``, ``f(0) = 0``, ``f(t) = 
 (``t = 1``: ``#{x <= k}``). A tied value's rank sits in the middle of its block, so a quantile in
 the middle half of a tie block is released *as* the tied value (not strictly between blocks).
 
+Ties in a declared resolution. When ``granularity`` is given, :func:`joint_exp` does not run the
+above on the grid itself but on the grid's fine grid (``Grid.jitter`` = S = ``2**16`` fine
+points per step): each record is jittered, independently, to a uniform fine point of its own grid
+cell, the mechanism draws fine points, and each is rounded to its grid cell
+(:func:`~dpq_spark.core.grid.jitter_indices`, :func:`~dpq_spark.core.grid.round_indices`). The
+copies of a tied value spread over its cell, so any output whose rank falls inside the tie block,
+also near the block's edges, is released as the tied value (Goodreads ratings, deciles at eps = 1,
+granularity 0.01: mean absolute error 0.0006 against 0.0034 with the mid-rank alone). The jitter
+is a per-record random map and costs no privacy (:mod:`dpq_spark.core.grid`, "Privacy of the
+jitter"); rounding is post-processing. Without ``granularity`` nothing is jittered: the rule
+depends only on the arguments. :func:`joint_exp_indices` never jitters (its caller chooses).
+
 Sensitivity (``Delta`` of :func:`~dpq_spark.core.privacy.joint_exp_sensitivity`; checked
 exhaustively on small cases in the tests). Adding a point x shifts rho by 0 below x, by
 ``f(t+1) - f(t)`` in [0, 1] at x and by 1 above x: a nondecreasing shift from 0 (``o_0``) to 1
@@ -152,8 +164,11 @@ def joint_exp(
     granularity : float, optional
         Step g of the public output grid ``lower + k g`` (:class:`~dpq_spark.core.grid.Grid`).
         Default ``(upper - lower) / 2**32``: extra error at most ``g / 2``, 1.2e-10 of the span.
-        Set it to the data's known resolution (0.01 for two-decimal ratings) so that tie blocks
-        are grid points and a quantile inside one is released as the tied value.
+        Giving it declares the data's public resolution (0.01 for two-decimal ratings, 1 for
+        integer ages): tied records are then jittered inside their grid cell before sampling and
+        the outputs rounded back to the grid (module docstring), so a quantile anywhere inside a
+        tie block is released as the tied value. With ``counts`` this costs O(sum of counts)
+        (one jitter per row) instead of O(len(values)).
     rng : numpy.random.Generator, optional
         ``None`` (default): the OS cryptographic generator. A seeded generator is for tests and
         reproducible experiments only.
@@ -175,8 +190,12 @@ def joint_exp(
     privacy is one row. Assumes ``lower``, ``upper``, ``granularity`` and ``quantiles`` are
     public (not derived from the data). The implementation samples it from float64 weights with
     exact random draws; what it guarantees is ``(epsilon + eta, delta)``-DP with the ``eta`` and
-    ``delta`` of the module docstring (section "Guarantee as implemented"); for example
-    ``eta = 2.0e-5``, ``delta = 6.5e-18`` at n = 1e6, m = 30, epsilon = 1.
+    ``delta`` of the module docstring (section "Guarantee as implemented"; with jitter, its
+    number of grid points is that of the fine grid, at most ``2**52 + 1``); for example ``eta = 2.0e-5``, ``delta = 6.5e-18`` at
+    n = 1e6, m = 30, epsilon = 1. With ``granularity`` given, the per-row jitter is a mixture
+    over independent per-record maps of this mechanism and keeps the same guarantee, relation
+    and unit, even if the jitter were public (:mod:`dpq_spark.core.grid`); the rounding of the
+    outputs is post-processing.
 
     Notes
     -----
@@ -185,8 +204,10 @@ def joint_exp(
     ``u(o) = -sum_{j=1}^{m+1} |rho(o_j) - rho(o_{j-1}) - (q_j - q_{j-1}) n|``, ``rho(o_0) = 0``,
     ``rho(o_{m+1}) = n`` and the mid-rank ``rho(k) = #{x < k} + (t + 1) / 2`` when ``t >= 1``
     data points sit on grid point k (``#{x < k}`` when none do). See :func:`joint_exp_indices`;
-    this function snaps the data to the grid, calls it, and returns ``grid.value(k)``. Cost:
-    sorting the data, then O(m K) for the K cells within the bands; memory O(m K).
+    this function snaps the data to the grid (and, with ``granularity`` given, jitters them on
+    the fine grid), samples, and returns ``grid.release(k)``. Cost: sorting the data, then
+    O(m K) for the K cells within the bands; memory O(m K). Jittered data have about two cells
+    per row (as continuous data), not per distinct value.
 
     References
     ----------
@@ -207,8 +228,9 @@ def joint_exp(
     source = resolve_rng(rng)
     delta_u = joint_exp_sensitivity(request.quantiles, request.neighboring)
     c = request.epsilon / (2.0 * delta_u)
-    k = _sample_indices(grid.snap(x), c_arr, request.quantiles, c, grid.size, source)[0]
-    return grid.value(k)
+    f, f_counts = grid.fine_indices(x, c_arr, source)
+    k = _sample_indices(f, f_counts, request.quantiles, c, grid.fine_size, source)[0]
+    return grid.release(k)
 
 
 def joint_exp_indices(
@@ -250,7 +272,10 @@ def joint_exp_indices(
     As :func:`joint_exp`: epsilon-DP for the exponential mechanism over the grid indices (up to
     the implementation's ``eta`` and ``delta``, module docstring), under the chosen neighbouring
     relation, one unit of ``counts`` being the unit of privacy. ``grid_size`` and ``quantiles``
-    must be public.
+    must be public. No jitter here: a caller that wants the tie handling of :func:`joint_exp`
+    passes :func:`~dpq_spark.core.grid.jitter_indices` of its indices with
+    ``grid_size = Grid.fine_size`` and rounds the outputs with
+    :func:`~dpq_spark.core.grid.round_indices`; the jitter keeps this guarantee.
     """
     size = check_positive_int(grid_size, "grid_size")
     if size > MAX_GRID_STEPS + 1:
@@ -702,9 +727,12 @@ def _sample_indices(idx, counts, q, c, size, source, draws=1):
 
 
 def _sample_many(x, counts, q, c, a, b, rng, size, granularity=None):
-    """``size`` draws of ``joint_exp`` (validated inputs) as grid indices, with the grid."""
+    """``size`` draws of ``joint_exp`` (validated inputs) as fine grid indices, with the grid
+    (``grid.release`` maps them to values). All draws share one jitter of the data."""
     grid = Grid(a, b, granularity)
-    return _sample_indices(grid.snap(x), counts, q, c, grid.size, resolve_rng(rng), size), grid
+    source = resolve_rng(rng)
+    f, f_counts = grid.fine_indices(x, counts, source)
+    return _sample_indices(f, f_counts, q, c, grid.fine_size, source, size), grid
 
 
 def _backward(fw: _Forward, i: int, source) -> np.ndarray:

@@ -5,8 +5,13 @@ The data are clamped to ``[lower, upper]`` and snapped to the public grid
 (:class:`~dpq_spark.core.grid.Grid`); the output is a grid point k, drawn with probability
 proportional to ``exp(-c |rho(k) - q n|)``, ``c = epsilon / (2 Delta)``, where ``rho`` is the
 mid-rank ``#{x < k} + (t + 1) / 2`` if t >= 1 points sit on k (``#{x < k}`` if none do), the
-convention of :mod:`dpq_spark.core.joint_exp`. So a quantile inside a block of tied values is
-released as that value. Sensitivity: adding a point moves ``rho`` by an amount in [0, 1] and
+convention of :mod:`dpq_spark.core.joint_exp`. So a quantile inside the middle half of a block of
+tied values is released as that value. When ``granularity`` is given (a declared resolution), the
+records are first jittered, each independently, to uniform points of their own cell on the fine
+grid of :class:`~dpq_spark.core.grid.Grid` (``Grid.fine_indices``), the mechanism runs on the
+fine grid and the output is rounded back (``Grid.release``): a quantile anywhere inside a tie
+block, edges included, is then released as the tied value. The jitter costs no privacy
+(:mod:`dpq_spark.core.grid`, "Privacy of the jitter"); IndExp and ApproxQuantiles share it. Sensitivity: adding a point moves ``rho`` by an amount in [0, 1] and
 ``q n`` by q, so the utility moves by at most ``max(q, 1 - q)``; a swap (n fixed) moves ``rho`` by
 at most 1 (Delta = 1), as for the continuous mechanism.
 
@@ -130,7 +135,9 @@ def single_quantile(
         Multiplicity of each entry of ``values``; same distribution as ``np.repeat(values, counts)``.
     granularity : float, optional
         Step of the public output grid; default ``(upper - lower) / 2**32`` (see
-        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step).
+        :class:`~dpq_spark.core.grid.Grid`; extra error at most half a step). Giving it declares
+        the data's resolution: ties are jittered inside their grid cell (module docstring), at a
+        cost of O(sum of counts) when ``counts`` is given.
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -159,7 +166,9 @@ def single_quantile(
     unit of privacy (one unit of multiplicity when ``counts`` is given). Assumes ``lower``,
     ``upper``, ``granularity`` and ``quantile`` are chosen without looking at the data. As
     implemented (float64 weights, exact draws): ``(epsilon + eta, delta)``-DP with ``eta`` and
-    ``delta`` of :mod:`dpq_spark.core.joint_exp` for m = 1.
+    ``delta`` of :mod:`dpq_spark.core.joint_exp` for m = 1. With ``granularity`` given, the
+    per-row jitter keeps this guarantee, relation and unit (it would even if the jitter were
+    public; :mod:`dpq_spark.core.grid`), and the rounding is post-processing.
 
     Examples
     --------
@@ -179,6 +188,7 @@ def single_quantile(
     c = None if counts is None else check_counts(counts, x.size)
     grid = Grid(lo, hi, granularity)
     source = resolve_rng(rng)
-    data = sort_data(grid.snap(x), c, 0, grid.steps)
-    k = sample_grid_index(data, 0, grid.steps, q, eps, single_quantile_sensitivity(q, relation), source)
-    return float(grid.value(k))
+    f, f_counts = grid.fine_indices(x, c, source)
+    data = sort_data(f, f_counts, 0, grid.fine_size - 1)
+    k = sample_grid_index(data, 0, grid.fine_size - 1, q, eps, single_quantile_sensitivity(q, relation), source)
+    return float(grid.release(k))

@@ -109,23 +109,45 @@ GRID_X = np.array([0.0, 0.5, 0.5, 0.5, 1.5, 3.0, 3.0])  # ties and points on the
 GRID = Grid(0.0, 3.0, 0.5)  # 7 points
 
 
-def grid_pmf(q, epsilon, sensitivity, tie=lambda t: (t + 1) / 2):
-    """P(k) ∝ exp(-eps |rho(k) - q n| / (2 Delta)), rho the mid-rank, from the definition."""
+def grid_pmf(q, epsilon, sensitivity, tie=lambda t: (t + 1) / 2, jitter=1):
+    """P(k) ∝ exp(-eps |rho(k) - q n| / (2 Delta)), rho the mid-rank, from the definition; with
+    ``jitter`` S > 1, on the fine grid of step g / S averaged over every jitter of the data
+    (:func:`~dpq_spark.core.grid.jitter_indices`), each fine point rounded to its grid index."""
+    import itertools
+
     idx = GRID.snap(GRID_X)
-    rho = np.array([np.sum(idx < k) + (tie(np.sum(idx == k)) if np.sum(idx == k) else 0.0)
-                    for k in range(GRID.size)])
-    w = np.exp(-epsilon / (2 * sensitivity) * np.abs(rho - q * idx.size))
-    return w / w.sum()
+    steps, half = GRID.steps, jitter // 2
+    size = steps * jitter + 1
+    pts = np.arange(size)
+    ranges = [range(max(k * jitter - half, 0), min(k * jitter + half - 1, steps * jitter) + 1) if jitter > 1
+              else range(k, k + 1) for k in idx]
+    fine_total = np.zeros(size)
+    jitters = list(itertools.product(*ranges))
+    for fine in jitters:
+        fine = np.asarray(fine)
+        tied = (fine[None, :] == pts[:, None]).sum(axis=1)
+        rho = (fine[None, :] < pts[:, None]).sum(axis=1) + np.where(tied > 0, tie(tied), 0.0)
+        w = np.exp(-epsilon / (2 * sensitivity) * np.abs(rho - q * idx.size))
+        fine_total += w / w.sum() / len(jitters)
+    grid_index = np.clip((pts + half) // jitter, 0, steps) if jitter > 1 else pts
+    return np.bincount(grid_index, weights=fine_total, minlength=GRID.size)
+
+
+JITTER = 4  # fine points per grid step in these tests (2**16 by default: too many to enumerate)
 
 
 @pytest.fixture(scope="module")
 def grid_draws():
+    from dpq_spark.core import grid as grid_module
+
     out = {}
     rng = np.random.default_rng(77)
-    for relation, q, eps in (("swap", 0.5, 2.0), ("add_remove", 0.3, 1.5)):
-        sample = [single_quantile(GRID_X, q, epsilon=eps, lower=0.0, upper=3.0, granularity=0.5,
-                                  neighboring=relation, rng=rng) for _ in range(3 * DRAWS)]
-        out[relation] = q, eps, np.bincount(GRID.snap(sample), minlength=GRID.size)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(grid_module, "_JITTER_SCALE", JITTER)
+        for relation, q, eps in (("swap", 0.5, 2.0), ("add_remove", 0.3, 1.5)):
+            sample = [single_quantile(GRID_X, q, epsilon=eps, lower=0.0, upper=3.0, granularity=0.5,
+                                      neighboring=relation, rng=rng) for _ in range(3 * DRAWS)]
+            out[relation] = q, eps, np.bincount(GRID.snap(sample), minlength=GRID.size)
     return out
 
 
@@ -135,16 +157,20 @@ def grid_p(observed, probs):
 
 @pytest.mark.parametrize("relation", ["swap", "add_remove"])
 def test_single_quantile_on_the_grid_matches_the_pmf(grid_draws, relation):
+    # A declared granularity: the mechanism on the jittered fine grid, rounded (the exact mixture).
     q, eps, observed = grid_draws[relation]
-    assert grid_p(observed, grid_pmf(q, eps, SENSITIVITY[relation](q))) > 1e-3
+    assert grid_p(observed, grid_pmf(q, eps, SENSITIVITY[relation](q), jitter=JITTER)) > 1e-3
 
 
 @pytest.mark.parametrize("relation", ["swap", "add_remove"])
 def test_grid_chi_square_has_power(grid_draws, relation):
     q, eps, observed = grid_draws[relation]
-    assert grid_p(observed, grid_pmf(q, 1.3 * eps, SENSITIVITY[relation](q))) < 1e-6
-    # #{x <= k} instead of the mid-rank on tied points.
-    assert grid_p(observed, grid_pmf(q, eps, SENSITIVITY[relation](q), tie=lambda t: t)) < 1e-6
+    sens = SENSITIVITY[relation](q)
+    assert grid_p(observed, grid_pmf(q, 1.3 * eps, sens, jitter=JITTER)) < 1e-6
+    # No jitter (mid-rank on the grid points themselves), or a jitter of another width. (The tie
+    # rule on fine points is checked without jitter in test_joint_exp: jittered ties are rare.)
+    assert grid_p(observed, grid_pmf(q, eps, sens)) < 1e-6
+    assert grid_p(observed, grid_pmf(q, eps, sens, jitter=2)) < 1e-6
 
 
 @pytest.mark.parametrize("q", [0.2, 0.5, 0.9])
