@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dpq_spark.spark import _dataflow as flow
-from dpq_spark.spark._arguments import QuantileRequest, parse_request
+from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
 from dpq_spark.spark._compat import create_dataframe, to_arrow
 from dpq_spark.spark._release import (
     CELL,
@@ -22,6 +22,7 @@ from dpq_spark.spark._release import (
     COUNT,
     GID,
     KEY_HASH,
+    MECHANISM,
     UNITS,
     ReleaseParams,
     release_group,
@@ -33,7 +34,6 @@ __all__ = ["dp_quantiles", "DEFAULT_RESOLUTION"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RESOLUTION = 2**20
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
 
@@ -44,8 +44,8 @@ def dp_quantiles(
     *,
     quantiles,
     epsilon: float,
-    lower: float,
-    upper: float,
+    lower: float | None = None,
+    upper: float | None = None,
     group_by=None,
     groups=None,
     neighboring: str = "add_remove",
@@ -53,9 +53,10 @@ def dp_quantiles(
     max_rows_per_unit: int = 1,
     max_groups_per_unit: int = 1,
     delta: float | None = None,
-    resolution: int = DEFAULT_RESOLUTION,
-    mechanism: str = "joint_exp",
+    resolution: int | None = None,
+    mechanism: str = "auto",
     selection_fraction: float = 0.5,
+    bounds_share: float | None = None,
     rng: np.random.Generator | None = None,
 ) -> DataFrame:
     """Release differentially private quantiles of ``column``, globally or per group.
@@ -167,7 +168,7 @@ def dp_quantiles(
         group_by=group_by, groups=groups, neighboring=neighboring, privacy_unit=privacy_unit,
         max_rows_per_unit=max_rows_per_unit, max_groups_per_unit=max_groups_per_unit,
         delta=delta, resolution=resolution, mechanism=mechanism,
-        selection_fraction=selection_fraction, rng=rng,
+        selection_fraction=selection_fraction, rng=rng, bounds_share=bounds_share,
     )
     started = time.perf_counter()
     logger.info("dp_quantiles: column=%r keys=%r m=%d epsilon=%g mechanism=%s resolution=%d",
@@ -213,6 +214,7 @@ def _plan(req: QuantileRequest, key_table):
         resolution=req.resolution,
         neighboring=req.neighboring.value,
         mechanism=req.mechanism,
+        bounds_share=req.bounds_share,
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,
@@ -237,7 +239,8 @@ def _plan(req: QuantileRequest, key_table):
 def _output_schema(req: QuantileRequest) -> T.StructType:
     fields = [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
     fields += [T.StructField("quantile", T.DoubleType(), False),
-               T.StructField("value", T.DoubleType(), False)]
+               T.StructField("value", T.DoubleType(), False),
+               T.StructField(MECHANISM, T.StringType(), False)]
     return T.StructType(fields)
 
 
@@ -259,10 +262,11 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution)
     schema = T.StructType([T.StructField(GID, T.LongType(), False),
                            T.StructField("quantile", T.DoubleType(), False),
-                           T.StructField("value", T.DoubleType(), False)])
+                           T.StructField("value", T.DoubleType(), False),
+                           T.StructField(MECHANISM, T.StringType(), False)])
 
-    arrow_schema = pa.schema([(f.name, pa.float64() if f.name != GID else pa.int64())
-                              for f in schema.fields])
+    arrow_schema = pa.schema([(GID, pa.int64()), ("quantile", pa.float64()),
+                              ("value", pa.float64()), (MECHANISM, pa.string())])
 
     def fn(batches):  # Arrow in and out: the single int64 column needs no pandas conversion
         for frame in release_partition(batches, params):
@@ -272,6 +276,7 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     gids = released.column(GID).to_numpy()
     quantile = [released.column("quantile")]
     value = [released.column("value")]
+    names = [released.column(MECHANISM)]
     take = [pa.array(gids, type=pa.int64())]
     missing = np.setdiff1d(np.arange(key_table.num_rows), gids)
     for gid in missing:  # public keys without rows: released from empty data on the driver
@@ -279,12 +284,15 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         out = release_group(empty, dataclasses.replace(params, keys=(GID,)))
         quantile.append(pa.array(out["quantile"], type=pa.float64()))
         value.append(pa.array(out["value"], type=pa.float64()))
+        names.append(pa.array(out[MECHANISM], type=pa.string()))
         take.append(pa.array(np.full(len(out), gid, dtype=np.int64)))
     index = pa.concat_arrays([c for chunk in take for c in _chunks(chunk)])
     keys = key_table.select(list(req.keys)).take(index)
     columns = {k: keys.column(k) for k in req.keys}
     columns["quantile"] = pa.chunked_array([c for chunk in quantile for c in _chunks(chunk)])
     columns["value"] = pa.chunked_array([c for chunk in value for c in _chunks(chunk)])
+    columns[MECHANISM] = pa.chunked_array([c for chunk in names for c in _chunks(chunk)],
+                                          type=pa.string())
     return pa.table(columns)
 
 
