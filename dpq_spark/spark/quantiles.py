@@ -67,13 +67,17 @@ def dp_quantiles(
         The private data (classic or Spark Connect).
     column : str
         A numeric column. Rows where it is null or NaN are dropped; values outside
-        ``[lower, upper]`` are clamped to the nearer bound.
+        ``[lower, upper]`` are clamped to the nearer bound (without bounds, to the private
+        bounds of the group).
     quantiles : sequence of float
         Strictly increasing, each in (0, 1). Chosen without looking at the data.
     epsilon : float
         Total privacy budget of the whole release, finite and > 0.
-    lower, upper : float
-        Public bounds, finite, ``lower < upper``, chosen without looking at the data.
+    lower, upper : float, optional
+        Public bounds, finite, ``lower < upper``, chosen without looking at the data. Give both
+        or neither: without them each group first releases private bounds with
+        ``bounds_share`` of its epsilon (see Notes and Privacy). One bound alone is refused
+        (clamp the column yourself if one side is known).
     group_by : str or list of str, optional
         Key column(s). Without it, one release for the whole DataFrame.
     groups : list or DataFrame, optional
@@ -94,12 +98,21 @@ def dp_quantiles(
     delta : float, optional
         With ``group_by`` and no ``groups``: select keys from the data by DP partition selection,
         making the release ``(epsilon, delta)``-DP.
-    resolution : int, default 2**20
-        Number of equal cells of the value grid over ``[lower, upper]`` (at most 2**30).
-    mechanism : str, default "joint_exp"
-        ``"joint_exp"``, or a name registered in ``dpq_spark.core.mechanisms.MECHANISMS``.
+    resolution : int, optional
+        Number of equal cells of the value grid over ``[lower, upper]`` (at most 2**30;
+        default 2**20). Only with bounds: without them the grid is the fixed log-scale one.
+    mechanism : str, default "auto"
+        ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
+        row count: public under swap, else a noisy count with 5% of the group's epsilon;
+        :mod:`dpq_spark.core.choose`): IndExp for one quantile, JointExp up to about 35
+        quantiles at ``n epsilon = 1000``, then ApproxQuantiles, then AggTree. Or a pure
+        mechanism by name: ``"joint_exp"``, ``"ind_exp"``, ``"approx_quantiles"``,
+        ``"agg_tree"``.
     selection_fraction : float, default 0.5
         Share of ``epsilon`` spent on partition selection when ``delta`` is given.
+    bounds_share : float, optional
+        Without bounds only: the share of each group's epsilon spent on its private bounds, in
+        (0, 1); default 0.2 (:data:`dpq_spark.core.bounds.DEFAULT_BOUNDS_SHARE`).
     rng : numpy.random.Generator, optional
         Source of randomness. ``None`` (production) draws fresh OS entropy in every Python
         worker call; pass a seeded Generator only in tests, which makes the release reproducible
@@ -108,8 +121,9 @@ def dp_quantiles(
     Returns
     -------
     pyspark.sql.DataFrame
-        The ``group_by`` columns, ``quantile`` (double) and ``value`` (double): one row per group
-        and quantile, sorted by group then quantile. The release is computed once, collected to
+        The ``group_by`` columns, ``quantile`` (double), ``value`` (double) and ``mechanism``
+        (string: the mechanism that ran for the group, e.g. what ``"auto"`` picked): one row per
+        group and quantile, sorted by group then quantile. The release is computed once, collected to
         the driver (``|groups| x len(quantiles)`` rows) and returned as a DataFrame over those
         local rows, so every action on it sees the same numbers.
 
@@ -135,10 +149,32 @@ def dp_quantiles(
     key list (``|groups|`` rows) is collected to the driver and joined (broadcast up to 200,000
     keys); the release (``|groups| x len(quantiles)`` rows) is collected too.
 
+    Without bounds, Spark cannot place values in cells of ``[lower, upper]``; instead each
+    value goes to a bucket of a public log-scale grid, computed with built-ins from the value
+    alone: ``|x|`` written ``2**e * f`` (``1 <= f < 2``, ``e`` in [-32, 63]), the bucket is
+    ``sign(x)`` and ``(e, floor((f - 1) * 2**20))``, relative width 2**-20 (about 9.5e-7);
+    ``|x| < 2**-32`` (0 included) is one zero bucket and ``|x|`` beyond about 1.8e19 is clamped.
+    The (group, bucket) counts are folded exactly like (group, cell) counts, so memory per
+    group is bounded by its distinct buckets (at most about 2e8, in practice a few per distinct
+    value), never by its rows. Per group the mechanism gets the buckets' representative values
+    (midpoints, within 2**-21 relative of every member) with their counts and ``lower = upper =
+    None``: it releases private bounds from them (:mod:`dpq_spark.core.bounds`), then the
+    quantiles inside those bounds.
+
     Privacy
     -------
     Assumes ``quantiles``, ``lower``, ``upper``, ``groups`` and all other parameters are chosen
-    without looking at the data.
+    without looking at the data. Below, "the group's mechanism at epsilon_g" is itself
+    ``epsilon_g``-DP for one row by basic composition of at most three steps, all inside the
+    group's release: with ``"auto"`` under add/remove, a noisy row count (discrete Laplace,
+    5% of ``epsilon_g``; under swap ``n`` is public and nothing is spent); without bounds, the
+    private bounds (``bounds_share`` of what is left; monotone AboveThreshold on the buckets'
+    counts); and the chosen mechanism with the rest. The choice of mechanism is a function of
+    public values and of the noisy count (post-processing). The bucket map reads one value and
+    public constants (a per-record map), so adding or removing one row changes one bucket
+    count by one, whatever the float rounding does: the steps' guarantees on bucket counts are
+    guarantees on rows. Every released number is thus covered by the statements below with the
+    whole ``epsilon``; nothing is charged twice and nothing is free.
 
     * No ``privacy_unit``, no ``group_by``: ``epsilon``-DP under ``neighboring`` for one row.
       With ``"swap"``, the number of non-null values is treated as public.
@@ -155,13 +191,14 @@ def dp_quantiles(
       ``delta_key = 1 - (1 - delta)**(1/G)``); the rest is split as above.
 
     The mechanism named by ``mechanism`` must be ``epsilon``-DP for one row under
-    ``neighboring`` (JointExp is).
+    ``neighboring`` (all offered ones are: JointExp, IndExp, ApproxQuantiles, AggTree, auto).
 
     Examples
     --------
     >>> out = dp_quantiles(df, "rating", quantiles=[0.25, 0.5, 0.75], epsilon=1.0,
     ...                    lower=0.0, upper=5.0, group_by="genre", groups=["fantasy", "poetry"])
     >>> df.transform(dp_quantiles, "rating", quantiles=[0.5], epsilon=1.0, lower=0, upper=5)
+    >>> dp_quantiles(df, "income", quantiles=[0.1, 0.5, 0.9], epsilon=1.0)  # no bounds
     """
     req = parse_request(
         df, column, quantiles=quantiles, epsilon=epsilon, lower=lower, upper=upper,
