@@ -159,15 +159,16 @@ class ReleaseConfig:
 
     quantiles: tuple[float, ...]
     epsilon: float
-    lower: float
-    upper: float
+    lower: float | None = None  # both None: private bounds bought with bounds_share of epsilon
+    upper: float | None = None
     delta: float | None = None
     neighboring: str = "add_remove"
     privacy_unit: str | None = None
     max_rows_per_unit: int = 1
     max_groups_per_unit: int = 1
-    resolution: int = 2**20
-    mechanism: str = "joint_exp"
+    resolution: int | None = 2**20  # None without bounds (a fixed public log-scale grid)
+    mechanism: str = "auto"
+    bounds_share: float | None = None  # without bounds only; None: the default 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +236,7 @@ class JobConfig:
             "max_groups_per_unit": r.max_groups_per_unit,
             "resolution": r.resolution,
             "mechanism": r.mechanism,
+            "bounds_share": r.bounds_share,
         }
 
 
@@ -248,7 +250,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "groups": ("keys", "path", "format", "table"),
     "release": (
         "quantiles", "epsilon", "delta", "lower", "upper", "neighboring", "privacy_unit",
-        "max_rows_per_unit", "max_groups_per_unit", "resolution", "mechanism",
+        "max_rows_per_unit", "max_groups_per_unit", "resolution", "mechanism", "bounds_share",
     ),
     "output": ("path", "format", "mode"),
     "ledger": ("url", "path", "dataset_id", "epsilon_cap", "delta_cap", "create",
@@ -523,11 +525,25 @@ def _parse_release(sec: dict) -> ReleaseConfig:
     delta = sec.get("delta")
     if delta is not None:
         delta = _wrap(check_delta, delta, name="release.delta")
-    if "lower" not in sec or "upper" not in sec:
-        _fail("`release.lower` and `release.upper` are required (public bounds chosen without "
-              "looking at the data)")
-    lower, upper = _wrap(check_bounds, sec["lower"], sec["upper"],
-                         names=("release.lower", "release.upper"))
+    if ("lower" in sec) != ("upper" in sec):
+        _fail("`release.lower` and `release.upper` must both be given (public bounds chosen "
+              "without looking at the data) or both be left out (bounds released privately)")
+    if "lower" in sec:
+        lower, upper = _wrap(check_bounds, sec["lower"], sec["upper"],
+                             names=("release.lower", "release.upper"))
+        if "bounds_share" in sec:
+            _fail("`release.bounds_share` applies only without `release.lower`/`release.upper`")
+        bounds_share = None
+    else:
+        lower = upper = None
+        if "resolution" in sec:
+            _fail("`release.resolution` applies only with `release.lower` and `release.upper`")
+        bounds_share = sec.get("bounds_share")
+        if bounds_share is not None and (
+                not isinstance(bounds_share, numbers.Real) or isinstance(bounds_share, bool)
+                or not 0.0 < float(bounds_share) < 1.0):
+            _fail(f"`release.bounds_share` must be in (0, 1), got {bounds_share!r}")
+        bounds_share = None if bounds_share is None else float(bounds_share)
     neighboring = _wrap(NeighboringRelation.parse, sec.get("neighboring", "add_remove"),
                         name="release.neighboring").value
     unit = _string(sec, "release", "privacy_unit")
@@ -537,14 +553,16 @@ def _parse_release(sec: dict) -> ReleaseConfig:
     if unit is None and ("max_rows_per_unit" in sec or "max_groups_per_unit" in sec):
         _fail("`release.max_rows_per_unit` and `release.max_groups_per_unit` need "
               "`release.privacy_unit`")
-    resolution = _wrap(check_positive_int, sec.get("resolution", 2**20), "release.resolution", 2)
-    if resolution > MAX_RESOLUTION:
-        _fail(f"`release.resolution` must be <= 2**30, got {resolution!r}")
-    mechanism = _choice(sec, "release", "mechanism", _mechanisms(), default="joint_exp")
+    resolution = None
+    if lower is not None:
+        resolution = _wrap(check_positive_int, sec.get("resolution", 2**20), "release.resolution", 2)
+        if resolution > MAX_RESOLUTION:
+            _fail(f"`release.resolution` must be <= 2**30, got {resolution!r}")
+    mechanism = _choice(sec, "release", "mechanism", _mechanisms(), default="auto")
     return ReleaseConfig(quantiles=quantiles, epsilon=epsilon, delta=delta, lower=lower,
                          upper=upper, neighboring=neighboring, privacy_unit=unit,
                          max_rows_per_unit=rows, max_groups_per_unit=groups,
-                         resolution=resolution, mechanism=mechanism)
+                         resolution=resolution, mechanism=mechanism, bounds_share=bounds_share)
 
 
 def _parse_output(sec: dict, now: _dt.datetime) -> OutputConfig:

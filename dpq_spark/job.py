@@ -460,6 +460,13 @@ def guarantee(cfg: JobConfig) -> str:
             f"all rows of one `{r.privacy_unit}` (at most {r.max_rows_per_unit} row(s) per group "
             f"and {r.max_groups_per_unit} group(s) per unit are kept)")
     relation = "adding or removing" if r.neighboring == "add_remove" else "changing"
+    if r.lower is None:
+        from dpq_spark.core.bounds import DEFAULT_BOUNDS_SHARE
+
+        share = DEFAULT_BOUNDS_SHARE if r.bounds_share is None else r.bounds_share
+        return (f"{dp} for {relation} {unit} (in each group: private clamping bounds with "
+                f"{share:g} of epsilon, then the quantiles with the rest; basic composition), "
+                "assuming the quantiles and the group keys were chosen without looking at the data")
     return (f"{dp} for {relation} {unit}, assuming the bounds [{r.lower:g}, {r.upper:g}], the "
             "quantiles and the group keys were chosen without looking at the data")
 
@@ -579,7 +586,8 @@ def _reserve_and_release(cfg: JobConfig, ledger: Ledger, data, keys, params, rng
                 lower=r.lower, upper=r.upper, group_by=list(cfg.input.group_by) or None,
                 groups=keys, neighboring=r.neighboring, privacy_unit=r.privacy_unit,
                 max_rows_per_unit=r.max_rows_per_unit, max_groups_per_unit=r.max_groups_per_unit,
-                delta=r.delta, resolution=r.resolution, mechanism=r.mechanism, rng=rng)
+                delta=r.delta, resolution=r.resolution, mechanism=r.mechanism,
+                bounds_share=r.bounds_share, rng=rng)
         _fault_point("after_sample")
         _fault_point("after_sample_term")
         metadata = {

@@ -24,10 +24,12 @@ from dpq_spark.core._validation import (
 from dpq_spark.core.privacy import NeighboringRelation
 from dpq_spark.spark._compat import is_dataframe
 from dpq_spark.spark._mechanisms import get_mechanism
+from dpq_spark.spark._release import BUCKETS
 
 __all__ = ["QuantileRequest", "parse_request", "MAX_RESOLUTION"]
 
 MAX_RESOLUTION = 2**30
+DEFAULT_RESOLUTION = 2**20
 _OUTPUT_COLUMNS = ("quantile", "value")
 _RESERVED_PREFIX = "__dpq_"
 
@@ -40,8 +42,8 @@ class QuantileRequest:
     column: str
     quantiles: tuple[float, ...]
     epsilon: float
-    lower: float
-    upper: float
+    lower: float | None  # None (both): the bounds-free path
+    upper: float | None
     keys: tuple[str, ...]
     groups: object  # None, a DataFrame of keys, or a list of key tuples
     neighboring: NeighboringRelation
@@ -54,6 +56,11 @@ class QuantileRequest:
     selection_fraction: float
     rng: np.random.Generator
     seeded: bool
+    bounds_share: float | None = None  # bounds-free path only; None: the core's default
+
+    @property
+    def bounds_free(self) -> bool:
+        return self.lower is None
 
     @property
     def selects_partitions(self) -> bool:
@@ -144,17 +151,41 @@ def parse_request(
     mechanism,
     selection_fraction,
     rng,
+    bounds_share=None,
 ) -> QuantileRequest:
     """Validate the arguments of ``dp_quantiles``; see its docstring for the rules."""
     if not is_dataframe(df):
         raise TypeError(f"`df` must be a pyspark.sql.DataFrame, got {type(df).__name__}")
     q = check_quantiles(quantiles)
     eps = check_epsilon(epsilon)
-    lo, hi = check_bounds(lower, upper)
+    if (lower is None) != (upper is None):
+        raise ValueError(
+            "`lower` and `upper` must both be given or both be None (None: bounds are released "
+            f"privately), got lower={lower!r}, upper={upper!r}"
+        )
+    if lower is None:
+        lo = hi = None
+        if resolution is not None:
+            raise ValueError("`resolution` applies only with `lower` and `upper`; without bounds "
+                             "values are mapped to a fixed public log-scale grid")
+        res = BUCKETS
+        share = None
+        if bounds_share is not None:
+            if not isinstance(bounds_share, numbers.Real) or isinstance(bounds_share, bool) \
+                    or not 0.0 < float(bounds_share) < 1.0:
+                raise ValueError(f"`bounds_share` must be in (0, 1), got {bounds_share!r}")
+            share = float(bounds_share)
+    else:
+        lo, hi = check_bounds(lower, upper)
+        if bounds_share is not None:
+            raise ValueError("`bounds_share` applies only without bounds (`lower` = `upper` = "
+                             "None); with public bounds the whole epsilon goes to the quantiles")
+        share = None
+        res = check_positive_int(DEFAULT_RESOLUTION if resolution is None else resolution,
+                                 "resolution", minimum=1)
+        if res > MAX_RESOLUTION:
+            raise ValueError(f"`resolution` must be <= 2**30, got {resolution!r}")
     relation = NeighboringRelation.parse(neighboring)
-    res = check_positive_int(resolution, "resolution", minimum=1)
-    if res > MAX_RESOLUTION:
-        raise ValueError(f"`resolution` must be <= 2**30, got {resolution!r}")
     get_mechanism(mechanism)
     rows_cap = check_positive_int(max_rows_per_unit, "max_rows_per_unit")
     groups_cap = check_positive_int(max_groups_per_unit, "max_groups_per_unit")
@@ -221,4 +252,5 @@ def parse_request(
         selection_fraction=float(selection_fraction),
         rng=generator,
         seeded=rng is not None,
+        bounds_share=share,
     )

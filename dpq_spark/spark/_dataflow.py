@@ -13,10 +13,22 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dpq_spark.spark._compat import is_dataframe
-from dpq_spark.spark._release import CELL, CODE, COUNT, GID, UNITS
+from dpq_spark.spark._release import (
+    BUCKET_BITS,
+    BUCKET_CAP,
+    BUCKET_EMAX,
+    BUCKET_EMIN,
+    BUCKET_FLOOR,
+    BUCKET_OFFSET,
+    CELL,
+    CODE,
+    COUNT,
+    GID,
+    UNITS,
+)
 
 __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "bound_contributions",
-           "cell_column", "cell_counts", "partitioned_cells", "partitioned_codes"]
+           "cell_column", "bucket_column", "value_cell", "cell_counts", "partitioned_cells", "partitioned_codes"]
 
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
@@ -105,22 +117,57 @@ def cell_column(lower: float, upper: float, resolution: int):
     return F.greatest(cell, F.lit(0)).cast("int")
 
 
-def cell_counts(rows: DataFrame, lower: float, upper: float, resolution: int) -> DataFrame:
-    """Rows per grid cell (ungrouped path): at most ``resolution`` rows, partial-aggregated
+def bucket_column():
+    """The value's index in the public log-scale bucket grid (bounds-free path), as a long.
+
+    Same map as :func:`dpq_spark.spark._release.bucket_index`: ``|x|`` clamped to
+    ``BUCKET_CAP``; below ``BUCKET_FLOOR`` the zero bucket ``BUCKET_OFFSET``; else ``e =
+    floor(log2|x|)``, corrected by one where ``log2`` rounded across a power of two (``pow(2,
+    e)`` is exact, so the corrected ``e`` has ``2**e <= |x| < 2**(e+1)``), the mantissa bucket
+    ``floor((|x| / 2**e - 1) * 2**20)`` (exact: division by a power of two), and the sign. It
+    reads one value and public constants only (a per-record map), and it is monotone in x.
+    """
+    x = F.col(VALUE)
+    a = F.least(F.abs(x), F.lit(BUCKET_CAP))
+    e0 = F.floor(F.log2(F.greatest(a, F.lit(BUCKET_FLOOR))))
+    two = F.lit(2.0)
+    e1 = (F.when(a < F.pow(two, e0), e0 - 1)
+          .when(a >= F.pow(two, e0 + 1), e0 + 1)
+          .otherwise(e0))
+    e = F.least(F.greatest(e1, F.lit(BUCKET_EMIN)), F.lit(BUCKET_EMAX))
+    scale = float(1 << BUCKET_BITS)
+    b = F.floor((a / F.pow(two, e) - F.lit(1.0)) * F.lit(scale))
+    b = F.least(F.greatest(b, F.lit(0)), F.lit((1 << BUCKET_BITS) - 1))
+    mag = (e - F.lit(BUCKET_EMIN)).cast("long") * F.lit(1 << BUCKET_BITS) + b.cast("long") + F.lit(1)
+    mag = F.when(a >= F.lit(BUCKET_FLOOR), mag).otherwise(F.lit(0).cast("long"))
+    sign = F.signum(x).cast("long")
+    return (F.lit(BUCKET_OFFSET).cast("long") + sign * mag).cast("long")
+
+
+def value_cell(lower, upper, resolution: int):
+    """The cell of the value: a cell of ``[lower, upper]``, or with ``lower = upper = None`` a
+    bucket of the public log-scale grid."""
+    if lower is None:
+        return bucket_column()
+    return cell_column(lower, upper, resolution)
+
+
+def cell_counts(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
+    """Rows per cell (ungrouped path): at most ``resolution`` rows, partial-aggregated
     before the shuffle."""
-    return rows.groupBy(cell_column(lower, upper, resolution).alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
+    return rows.groupBy(value_cell(lower, upper, resolution).alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
-def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower: float, upper: float,
+def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower, upper,
                       resolution: int, extra: list) -> DataFrame:
     """Grouped path with keys from the data: one row per kept data row with its key and cell,
     hash partitioned by key (one shuffle) so that every group is whole in one partition."""
-    cols = [F.col(k) for k in keys] + [cell_column(lower, upper, resolution).alias(CELL)] + extra
+    cols = [F.col(k) for k in keys] + [value_cell(lower, upper, resolution).alias(CELL)] + extra
     return rows.select(*cols).repartition(*keys)
 
 
-def partitioned_codes(rows: DataFrame, lower: float, upper: float, resolution: int) -> DataFrame:
+def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
     """Grouped path with public keys: one int64 ``CODE = GID * resolution + cell`` per kept row,
     hash partitioned by ``GID`` (one shuffle); only ``CODE`` travels to Python."""
-    code = F.col(GID).cast("long") * F.lit(resolution) + cell_column(lower, upper, resolution)
+    code = F.col(GID).cast("long") * F.lit(resolution) + value_cell(lower, upper, resolution)
     return rows.select(F.col(GID), code.alias(CODE)).repartition(GID).select(CODE)

@@ -16,8 +16,10 @@ from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import discrete_laplace
 from dpq_spark.spark._mechanisms import get_mechanism
 
-__all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "ReleaseParams", "cell_values", "release_group",
-           "release_counts", "release_values", "release_partition", "CODE", "GID"]
+__all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams", "cell_values",
+           "release_group", "release_counts", "release_values", "release_partition", "CODE", "GID",
+           "BUCKET_BITS", "BUCKET_EMIN", "BUCKET_EMAX", "BUCKET_FLOOR", "BUCKET_CAP",
+           "BUCKET_OFFSET", "BUCKETS", "bucket_index", "bucket_values"]
 
 # Internal column names of the aggregated frame (the "__dpq_" prefix is reserved).
 CELL = "__dpq_cell"
@@ -26,6 +28,46 @@ GID = "__dpq_gid"  # public-key path: index of the key in the driver's key list
 COUNT = "__dpq_count"
 UNITS = "__dpq_units"
 KEY_HASH = "__dpq_key_hash"
+MECHANISM = "mechanism"  # output column: the mechanism that ran for the group
+
+# The public log-scale bucket grid of the bounds-free path (``lower = upper = None``). A value x
+# with BUCKET_FLOOR <= |x| is written |x| = 2**e * f, 1 <= f < 2, e clamped to
+# [BUCKET_EMIN, BUCKET_EMAX] (|x| is first clamped to BUCKET_CAP), and falls in mantissa bucket
+# b = floor((f - 1) * 2**BUCKET_BITS): relative width 2**-20 (about 9.5e-7). Its index is
+# BUCKET_OFFSET + sign(x) * ((e - BUCKET_EMIN) * 2**BUCKET_BITS + b + 1); |x| < BUCKET_FLOOR
+# (0 included) has index BUCKET_OFFSET. The index is monotone in x; the Spark side computes it
+# with built-ins (_dataflow.bucket_column), :func:`bucket_index` is the numpy reference.
+BUCKET_BITS = 20
+BUCKET_EMIN = -32
+BUCKET_EMAX = 63
+BUCKET_FLOOR = 2.0**BUCKET_EMIN  # about 2.3e-10
+BUCKET_CAP = float(np.nextafter(2.0**(BUCKET_EMAX + 1), 0.0))  # just below 2**64, about 1.8e19
+BUCKET_OFFSET = (BUCKET_EMAX - BUCKET_EMIN + 1) << BUCKET_BITS
+BUCKETS = 2 * BUCKET_OFFSET + 1  # indexes 0 .. BUCKETS - 1 (about 2.0e8 < 2**28)
+
+
+def bucket_index(x) -> np.ndarray:
+    """The bucket index of each value (numpy reference of the Spark expression; no NaN)."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.minimum(np.abs(x), BUCKET_CAP)
+    frac, exp = np.frexp(a)  # a = frac * 2**exp, 0.5 <= frac < 1
+    e = np.clip(exp - 1, BUCKET_EMIN, BUCKET_EMAX)
+    f = np.ldexp(a, -e)
+    b = np.clip(np.floor((f - 1.0) * 2.0**BUCKET_BITS), 0, 2**BUCKET_BITS - 1).astype(np.int64)
+    mag = (e.astype(np.int64) - BUCKET_EMIN) * (1 << BUCKET_BITS) + b + 1
+    mag = np.where(a >= BUCKET_FLOOR, mag, 0)
+    return BUCKET_OFFSET + np.sign(x).astype(np.int64) * mag
+
+
+def bucket_values(index) -> np.ndarray:
+    """The representative value of each bucket: the midpoint of its mantissa interval (0 for
+    the zero bucket). Strictly increasing in the index."""
+    idx = np.asarray(index, dtype=np.int64) - BUCKET_OFFSET
+    mag = np.abs(idx)
+    e = (mag - 1) // (1 << BUCKET_BITS) + BUCKET_EMIN
+    b = (mag - 1) % (1 << BUCKET_BITS)
+    v = np.ldexp(1.0 + (b + 0.5) / 2.0**BUCKET_BITS, e.astype(np.int64))
+    return np.where(mag == 0, 0.0, np.sign(idx) * v)
 
 _UINT64 = 1 << 64
 
@@ -38,13 +80,16 @@ class ReleaseParams:
     selection and the scaling for contribution bounding. ``threshold``/``noise_scale`` are set
     only when keys come from DP partition selection. ``base_seed`` is ``None`` in production
     (fresh OS entropy in every call) and an int only when the caller passed a Generator.
+    ``lower = upper = None`` is the bounds-free path: cells are indexes of the public log-scale
+    bucket grid (``resolution == BUCKETS``) and the mechanism buys private bounds with
+    ``bounds_share`` of ``epsilon`` (``None``: the core's default).
     """
 
     keys: tuple[str, ...]
     quantiles: tuple[float, ...]
     epsilon: float
-    lower: float
-    upper: float
+    lower: float | None
+    upper: float | None
     resolution: int
     neighboring: str
     mechanism: str
@@ -54,10 +99,18 @@ class ReleaseParams:
     integral_keys: tuple[bool, ...] = ()
     extra_columns: tuple[str, ...] = ()
     key_hashes: tuple[int, ...] | None = None  # public-key path with a seeded rng only
+    bounds_share: float | None = None  # bounds-free path only
+
+    @property
+    def bounds_free(self) -> bool:
+        return self.lower is None
 
 
 def cell_values(cells: np.ndarray, params: ReleaseParams) -> np.ndarray:
-    """Midpoints of grid cells ``0 .. resolution - 1`` over ``[lower, upper]``."""
+    """Midpoints of grid cells ``0 .. resolution - 1`` over ``[lower, upper]``, or the
+    representative values of log-scale buckets on the bounds-free path."""
+    if params.bounds_free:
+        return bucket_values(cells)
     width = (params.upper - params.lower) / params.resolution
     values = params.lower + (np.asarray(cells, dtype=np.float64) + 0.5) * width
     return np.clip(values, params.lower, params.upper)
@@ -109,13 +162,16 @@ def release_counts(keys: dict, cells: np.ndarray, counts: np.ndarray, units, key
     ``units`` is the group's count of privacy units for partition selection (``None``: one row
     is one unit, so it is ``counts.sum()``).
     """
-    values = release_values(cells, counts, units, key_hash, params)
-    return _frame(keys, params, np.empty(0) if values is None else values)
+    out = release_values(cells, counts, units, key_hash, params)
+    if out is None:
+        return _frame(keys, params, np.empty(0), params.mechanism)
+    return _frame(keys, params, *out)
 
 
 def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
-                   params: ReleaseParams) -> np.ndarray | None:
-    """The released values of one group, or ``None`` when partition selection drops it."""
+                   params: ReleaseParams) -> tuple[np.ndarray, str] | None:
+    """The released values of one group and the name of the mechanism that ran (for ``"auto"``
+    the one it picked), or ``None`` when partition selection drops the group."""
     rng = _group_rng(params, key_hash)
     if params.threshold is not None:
         # integer unit count + exact discrete Laplace noise vs an integer threshold (_selection)
@@ -123,6 +179,8 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
         if size + discrete_laplace(resolve_rng(rng), params.noise_scale) < params.threshold:
             return None
     mechanism = get_mechanism(params.mechanism)
+    # bounds-free: the registry entry buys private bounds first (bounds_share of epsilon)
+    extra = {"bounds_share": params.bounds_share} if params.bounds_share is not None else {}
     out = mechanism(
         cell_values(cells, params),
         np.asarray(params.quantiles, dtype=np.float64),
@@ -132,8 +190,10 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
         neighboring=params.neighboring,
         counts=counts,
         rng=rng,
+        **extra,
     )
-    return np.asarray(out, dtype=np.float64)
+    name = getattr(out, "mechanism", None) or params.mechanism
+    return np.asarray(out, dtype=np.float64), str(name)
 
 
 _COMPACT_ROWS = 1 << 22  # raw (group, cell) codes buffered before they are merged into counts
@@ -232,15 +292,19 @@ def release_partition(batches, params: ReleaseParams):
         m = len(params.quantiles)
         q = np.asarray(params.quantiles, dtype=np.float64)
         for lo in range(0, len(starts), _OUTPUT_GROUPS):
-            gids, values = [], []
+            gids, values, names = [], [], []
             for a, b in zip(starts[lo:lo + _OUTPUT_GROUPS], ends[lo:lo + _OUTPUT_GROUPS]):
                 gid = int(group_of[a])
                 key_hash = params.key_hashes[gid] if params.key_hashes is not None else 0
                 gids.append(gid)
-                values.append(release_values(cells[a:b], acc_counts[a:b], None, key_hash, params))
+                group_values, name = release_values(cells[a:b], acc_counts[a:b], None, key_hash,
+                                                    params)
+                values.append(group_values)
+                names.append(name)
             yield pd.DataFrame({GID: np.repeat(np.asarray(gids, dtype=np.int64), m),
                                 "quantile": np.tile(q, len(gids)),
-                                "value": np.concatenate(values)})
+                                "value": np.concatenate(values),
+                                MECHANISM: np.repeat(np.asarray(names, dtype=object), m)})
         return
     done = []
     for a, b in zip(starts, ends):
@@ -271,9 +335,10 @@ def _output_key(values: tuple, params: ReleaseParams) -> tuple:
     return tuple(out)
 
 
-def _frame(keys: dict, params: ReleaseParams, values: np.ndarray) -> pd.DataFrame:
+def _frame(keys: dict, params: ReleaseParams, values: np.ndarray, mechanism: str) -> pd.DataFrame:
     m = len(values)
     data = {k: pd.Series([v] * m) for k, v in keys.items()}
     data["quantile"] = np.asarray(params.quantiles[:m], dtype=np.float64)
     data["value"] = values
+    data[MECHANISM] = pd.Series([mechanism] * m, dtype=object)
     return pd.DataFrame(data)

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dpq_spark.spark import _dataflow as flow
-from dpq_spark.spark._arguments import QuantileRequest, parse_request
+from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
 from dpq_spark.spark._compat import create_dataframe, to_arrow
 from dpq_spark.spark._release import (
     CELL,
@@ -22,6 +22,7 @@ from dpq_spark.spark._release import (
     COUNT,
     GID,
     KEY_HASH,
+    MECHANISM,
     UNITS,
     ReleaseParams,
     release_group,
@@ -33,7 +34,6 @@ __all__ = ["dp_quantiles", "DEFAULT_RESOLUTION"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RESOLUTION = 2**20
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
 
@@ -44,8 +44,8 @@ def dp_quantiles(
     *,
     quantiles,
     epsilon: float,
-    lower: float,
-    upper: float,
+    lower: float | None = None,
+    upper: float | None = None,
     group_by=None,
     groups=None,
     neighboring: str = "add_remove",
@@ -53,9 +53,10 @@ def dp_quantiles(
     max_rows_per_unit: int = 1,
     max_groups_per_unit: int = 1,
     delta: float | None = None,
-    resolution: int = DEFAULT_RESOLUTION,
-    mechanism: str = "joint_exp",
+    resolution: int | None = None,
+    mechanism: str = "auto",
     selection_fraction: float = 0.5,
+    bounds_share: float | None = None,
     rng: np.random.Generator | None = None,
 ) -> DataFrame:
     """Release differentially private quantiles of ``column``, globally or per group.
@@ -66,13 +67,17 @@ def dp_quantiles(
         The private data (classic or Spark Connect).
     column : str
         A numeric column. Rows where it is null or NaN are dropped; values outside
-        ``[lower, upper]`` are clamped to the nearer bound.
+        ``[lower, upper]`` are clamped to the nearer bound (without bounds, to the private
+        bounds of the group).
     quantiles : sequence of float
         Strictly increasing, each in (0, 1). Chosen without looking at the data.
     epsilon : float
         Total privacy budget of the whole release, finite and > 0.
-    lower, upper : float
-        Public bounds, finite, ``lower < upper``, chosen without looking at the data.
+    lower, upper : float, optional
+        Public bounds, finite, ``lower < upper``, chosen without looking at the data. Give both
+        or neither: without them each group first releases private bounds with
+        ``bounds_share`` of its epsilon (see Notes and Privacy). One bound alone is refused
+        (clamp the column yourself if one side is known).
     group_by : str or list of str, optional
         Key column(s). Without it, one release for the whole DataFrame.
     groups : list or DataFrame, optional
@@ -93,12 +98,21 @@ def dp_quantiles(
     delta : float, optional
         With ``group_by`` and no ``groups``: select keys from the data by DP partition selection,
         making the release ``(epsilon, delta)``-DP.
-    resolution : int, default 2**20
-        Number of equal cells of the value grid over ``[lower, upper]`` (at most 2**30).
-    mechanism : str, default "joint_exp"
-        ``"joint_exp"``, or a name registered in ``dpq_spark.core.mechanisms.MECHANISMS``.
+    resolution : int, optional
+        Number of equal cells of the value grid over ``[lower, upper]`` (at most 2**30;
+        default 2**20). Only with bounds: without them the grid is the fixed log-scale one.
+    mechanism : str, default "auto"
+        ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
+        row count: public under swap, else a noisy count with 5% of the group's epsilon;
+        :mod:`dpq_spark.core.choose`): IndExp for one quantile, JointExp up to about 35
+        quantiles at ``n epsilon = 1000``, then ApproxQuantiles, then AggTree. Or a pure
+        mechanism by name: ``"joint_exp"``, ``"ind_exp"``, ``"approx_quantiles"``,
+        ``"agg_tree"``.
     selection_fraction : float, default 0.5
         Share of ``epsilon`` spent on partition selection when ``delta`` is given.
+    bounds_share : float, optional
+        Without bounds only: the share of each group's epsilon spent on its private bounds, in
+        (0, 1); default 0.2 (:data:`dpq_spark.core.bounds.DEFAULT_BOUNDS_SHARE`).
     rng : numpy.random.Generator, optional
         Source of randomness. ``None`` (production) draws fresh OS entropy in every Python
         worker call; pass a seeded Generator only in tests, which makes the release reproducible
@@ -107,8 +121,9 @@ def dp_quantiles(
     Returns
     -------
     pyspark.sql.DataFrame
-        The ``group_by`` columns, ``quantile`` (double) and ``value`` (double): one row per group
-        and quantile, sorted by group then quantile. The release is computed once, collected to
+        The ``group_by`` columns, ``quantile`` (double), ``value`` (double) and ``mechanism``
+        (string: the mechanism that ran for the group, e.g. what ``"auto"`` picked): one row per
+        group and quantile, sorted by group then quantile. The release is computed once, collected to
         the driver (``|groups| x len(quantiles)`` rows) and returned as a DataFrame over those
         local rows, so every action on it sees the same numbers.
 
@@ -134,10 +149,32 @@ def dp_quantiles(
     key list (``|groups|`` rows) is collected to the driver and joined (broadcast up to 200,000
     keys); the release (``|groups| x len(quantiles)`` rows) is collected too.
 
+    Without bounds, Spark cannot place values in cells of ``[lower, upper]``; instead each
+    value goes to a bucket of a public log-scale grid, computed with built-ins from the value
+    alone: ``|x|`` written ``2**e * f`` (``1 <= f < 2``, ``e`` in [-32, 63]), the bucket is
+    ``sign(x)`` and ``(e, floor((f - 1) * 2**20))``, relative width 2**-20 (about 9.5e-7);
+    ``|x| < 2**-32`` (0 included) is one zero bucket and ``|x|`` beyond about 1.8e19 is clamped.
+    The (group, bucket) counts are folded exactly like (group, cell) counts, so memory per
+    group is bounded by its distinct buckets (at most about 2e8, in practice a few per distinct
+    value), never by its rows. Per group the mechanism gets the buckets' representative values
+    (midpoints, within 2**-21 relative of every member) with their counts and ``lower = upper =
+    None``: it releases private bounds from them (:mod:`dpq_spark.core.bounds`), then the
+    quantiles inside those bounds.
+
     Privacy
     -------
     Assumes ``quantiles``, ``lower``, ``upper``, ``groups`` and all other parameters are chosen
-    without looking at the data.
+    without looking at the data. Below, "the group's mechanism at epsilon_g" is itself
+    ``epsilon_g``-DP for one row by basic composition of at most three steps, all inside the
+    group's release: with ``"auto"`` under add/remove, a noisy row count (discrete Laplace,
+    5% of ``epsilon_g``; under swap ``n`` is public and nothing is spent); without bounds, the
+    private bounds (``bounds_share`` of what is left; monotone AboveThreshold on the buckets'
+    counts); and the chosen mechanism with the rest. The choice of mechanism is a function of
+    public values and of the noisy count (post-processing). The bucket map reads one value and
+    public constants (a per-record map), so adding or removing one row changes one bucket
+    count by one, whatever the float rounding does: the steps' guarantees on bucket counts are
+    guarantees on rows. Every released number is thus covered by the statements below with the
+    whole ``epsilon``; nothing is charged twice and nothing is free.
 
     * No ``privacy_unit``, no ``group_by``: ``epsilon``-DP under ``neighboring`` for one row.
       With ``"swap"``, the number of non-null values is treated as public.
@@ -154,20 +191,21 @@ def dp_quantiles(
       ``delta_key = 1 - (1 - delta)**(1/G)``); the rest is split as above.
 
     The mechanism named by ``mechanism`` must be ``epsilon``-DP for one row under
-    ``neighboring`` (JointExp is).
+    ``neighboring`` (all offered ones are: JointExp, IndExp, ApproxQuantiles, AggTree, auto).
 
     Examples
     --------
     >>> out = dp_quantiles(df, "rating", quantiles=[0.25, 0.5, 0.75], epsilon=1.0,
     ...                    lower=0.0, upper=5.0, group_by="genre", groups=["fantasy", "poetry"])
     >>> df.transform(dp_quantiles, "rating", quantiles=[0.5], epsilon=1.0, lower=0, upper=5)
+    >>> dp_quantiles(df, "income", quantiles=[0.1, 0.5, 0.9], epsilon=1.0)  # no bounds
     """
     req = parse_request(
         df, column, quantiles=quantiles, epsilon=epsilon, lower=lower, upper=upper,
         group_by=group_by, groups=groups, neighboring=neighboring, privacy_unit=privacy_unit,
         max_rows_per_unit=max_rows_per_unit, max_groups_per_unit=max_groups_per_unit,
         delta=delta, resolution=resolution, mechanism=mechanism,
-        selection_fraction=selection_fraction, rng=rng,
+        selection_fraction=selection_fraction, rng=rng, bounds_share=bounds_share,
     )
     started = time.perf_counter()
     logger.info("dp_quantiles: column=%r keys=%r m=%d epsilon=%g mechanism=%s resolution=%d",
@@ -213,6 +251,7 @@ def _plan(req: QuantileRequest, key_table):
         resolution=req.resolution,
         neighboring=req.neighboring.value,
         mechanism=req.mechanism,
+        bounds_share=req.bounds_share,
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,
@@ -237,7 +276,8 @@ def _plan(req: QuantileRequest, key_table):
 def _output_schema(req: QuantileRequest) -> T.StructType:
     fields = [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
     fields += [T.StructField("quantile", T.DoubleType(), False),
-               T.StructField("value", T.DoubleType(), False)]
+               T.StructField("value", T.DoubleType(), False),
+               T.StructField(MECHANISM, T.StringType(), False)]
     return T.StructType(fields)
 
 
@@ -259,10 +299,11 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution)
     schema = T.StructType([T.StructField(GID, T.LongType(), False),
                            T.StructField("quantile", T.DoubleType(), False),
-                           T.StructField("value", T.DoubleType(), False)])
+                           T.StructField("value", T.DoubleType(), False),
+                           T.StructField(MECHANISM, T.StringType(), False)])
 
-    arrow_schema = pa.schema([(f.name, pa.float64() if f.name != GID else pa.int64())
-                              for f in schema.fields])
+    arrow_schema = pa.schema([(GID, pa.int64()), ("quantile", pa.float64()),
+                              ("value", pa.float64()), (MECHANISM, pa.string())])
 
     def fn(batches):  # Arrow in and out: the single int64 column needs no pandas conversion
         for frame in release_partition(batches, params):
@@ -272,6 +313,7 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     gids = released.column(GID).to_numpy()
     quantile = [released.column("quantile")]
     value = [released.column("value")]
+    names = [released.column(MECHANISM)]
     take = [pa.array(gids, type=pa.int64())]
     missing = np.setdiff1d(np.arange(key_table.num_rows), gids)
     for gid in missing:  # public keys without rows: released from empty data on the driver
@@ -279,12 +321,15 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         out = release_group(empty, dataclasses.replace(params, keys=(GID,)))
         quantile.append(pa.array(out["quantile"], type=pa.float64()))
         value.append(pa.array(out["value"], type=pa.float64()))
+        names.append(pa.array(out[MECHANISM], type=pa.string()))
         take.append(pa.array(np.full(len(out), gid, dtype=np.int64)))
     index = pa.concat_arrays([c for chunk in take for c in _chunks(chunk)])
     keys = key_table.select(list(req.keys)).take(index)
     columns = {k: keys.column(k) for k in req.keys}
     columns["quantile"] = pa.chunked_array([c for chunk in quantile for c in _chunks(chunk)])
     columns["value"] = pa.chunked_array([c for chunk in value for c in _chunks(chunk)])
+    columns[MECHANISM] = pa.chunked_array([c for chunk in names for c in _chunks(chunk)],
+                                          type=pa.string())
     return pa.table(columns)
 
 

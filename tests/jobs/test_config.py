@@ -49,6 +49,20 @@ def test_valid_config_parses():
     assert cfg.output.mode == "error" and cfg.ledger.delta_cap == 0.0
 
 
+def test_bounds_and_mechanism_are_optional():
+    """No bounds: private bounds (bounds_share, default None = the core's 0.2); mechanism "auto"."""
+    def drop(r):
+        r["release"].pop("lower")
+        r["release"].pop("upper")
+        r["release"]["bounds_share"] = 0.25
+    cfg = parse_config(with_(drop))
+    r = cfg.release
+    assert (r.lower, r.upper, r.resolution, r.bounds_share, r.mechanism) == (None, None, None, 0.25, "auto")
+    assert cfg.public_parameters()["bounds_share"] == 0.25
+    bounded = parse_config(valid()).release
+    assert (bounded.lower, bounded.upper, bounded.bounds_share, bounded.mechanism) == (0.0, 5.0, None, "auto")
+
+
 @pytest.mark.parametrize("name,m", [("deciles", 9), ("percentiles", 99), ("quartiles", 3),
                                     ("median", 1)])
 def test_quantile_shorthands(name, m):
@@ -171,7 +185,10 @@ CASES = [
     ("bad epsilon", lambda r: r["release"].update(epsilon=-1.0), r"`release.epsilon` must be finite and > 0, got -1.0"),
     ("epsilon type", lambda r: r["release"].update(epsilon="1"), r"`release.epsilon` must be a real number"),
     ("bad delta", lambda r: r["release"].update(delta=2.0), r"`release.delta` must be in \(0, 1\)"),
-    ("missing bounds", lambda r: r["release"].pop("upper"), r"`release.lower` and `release.upper` are required"),
+    ("one bound", lambda r: r["release"].pop("upper"), r"`release.lower` and `release.upper` must both be given"),
+    ("bounds_share with bounds", lambda r: r["release"].update(bounds_share=0.2), r"`release.bounds_share` applies only without"),
+    ("bounds_share out of range", lambda r: (r["release"].pop("lower"), r["release"].pop("upper"), r["release"].update(bounds_share=1.0)), r"`release.bounds_share` must be in \(0, 1\)"),
+    ("resolution without bounds", lambda r: (r["release"].pop("lower"), r["release"].pop("upper"), r["release"].update(resolution=1024)), r"`release.resolution` applies only with"),
     ("bad bounds", lambda r: r["release"].update(lower=5.0, upper=0.0), r"`release.lower` must be < `release.upper`"),
     ("infinite bound", lambda r: r["release"].update(upper=float("inf")), r"`release.upper` must be finite"),
     ("bad neighboring", lambda r: r["release"].update(neighboring="replace"), r"`release.neighboring` must be one of"),

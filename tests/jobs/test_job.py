@@ -37,7 +37,7 @@ def Ledger(path):
 
 
 def toml(tmp_path, data: str, *, out="out/rel", cap=1e6, epsilon=1e5, extra="",
-         ledger=None) -> str:
+         ledger=None, bounds="lower = 0.0\nupper = 10.0") -> str:
     text = f"""
 [input]
 format = "csv"
@@ -51,8 +51,7 @@ keys = ["a", "b", "c"]
 [release]
 quantiles = [0.25, 0.5, 0.75]
 epsilon = {epsilon}
-lower = 0.0
-upper = 10.0
+{bounds}
 
 [output]
 path = "{tmp_path / out}"
@@ -106,8 +105,9 @@ def test_job_writes_release_commits_ledger_and_logs_no_data(spark, tmp_path, cap
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == f"Release written to {out}" and "dpq-spark ledger show" in printed[1]
     rel = read_release(out)
-    assert list(rel.columns) == ["grp", "quantile", "value"]
+    assert list(rel.columns) == ["grp", "quantile", "value", "mechanism"]
     assert list(rel["grp"]) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3  # "c" has no rows: answered
+    assert set(rel.loc[rel.grp != "c", "mechanism"]) == {"joint_exp"}  # auto, m = 3
     # a huge epsilon makes the release close to the true quartiles (a: 0,0.2,..; b: 0.1,0.3,..)
     got = rel[rel.grp != "c"].set_index(["grp", "quantile"])["value"]
     # (observed spread of these values under OS entropy: up to about 0.35, with either CSV
@@ -129,6 +129,24 @@ def test_job_writes_release_commits_ledger_and_logs_no_data(spark, tmp_path, cap
         assert f"{v:.4f}"[:-1] not in text
     for count in ("200", "201", "100", "101"):
         assert count not in text.replace("100000", "")
+
+
+def test_job_without_bounds_charges_the_whole_epsilon(spark, tmp_path):
+    """No `lower`/`upper`: private bounds per group with bounds_share, then the quartiles; the
+    ledger is charged the whole epsilon once (both steps)."""
+    config = toml(tmp_path, small_csv(tmp_path), epsilon=1e4, bounds="bounds_share = 0.25")
+    assert main(["--config", config]) == 0
+    out = str(tmp_path / "out" / "rel")
+    rel = read_release(out)
+    assert list(rel["grp"]) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    got = rel[rel.grp != "c"].set_index(["grp", "quantile"])["value"]
+    assert np.allclose(got.to_numpy(), [2.4, 4.8, 7.4, 2.5, 4.9, 7.5], atol=0.45)
+    assert np.all(np.isfinite(rel["value"]))
+    meta = json.load(open(os.path.join(out, "_release.json")))
+    assert meta["lower"] is None and meta["upper"] is None and meta["bounds_share"] == 0.25
+    assert "private clamping bounds with 0.25 of epsilon" in meta["guarantee"]
+    (rec,) = Ledger(str(tmp_path / "ledger.sqlite")).records("scores")
+    assert (rec.status, rec.epsilon) == ("committed", 1e4)
 
 
 def test_rerun_without_overwrite_is_refused_and_overwrite_replaces(spark, tmp_path):

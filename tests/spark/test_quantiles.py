@@ -26,9 +26,12 @@ def exact(values, quantiles=Q):
     return np.quantile(np.asarray(values, dtype=float), quantiles, method="inverted_cdf")
 
 
-def expected_frame(spark, rows, key_cols, schema_keys):
-    cols = [*key_cols, "quantile", "value"]
-    ddl = ", ".join([*schema_keys, "quantile double", "value double"])
+def expected_frame(spark, rows, key_cols, schema_keys, mechanism="joint_exp"):
+    """Expected release; ``mechanism`` is the name the ``mechanism`` column must hold (for
+    ``"auto"`` with m = 3 quantiles and a huge epsilon, JointExp)."""
+    cols = [*key_cols, "quantile", "value", "mechanism"]
+    ddl = ", ".join([*schema_keys, "quantile double", "value double", "mechanism string"])
+    rows = [(*row, mechanism) for row in rows]
     return spark.createDataFrame(pd.DataFrame(rows, columns=cols), ddl) if rows else spark.createDataFrame([], ddl)
 
 
@@ -45,8 +48,8 @@ def test_ungrouped_huge_epsilon_matches_numpy(spark, grouped):
     df, data = grouped
     out = dp_quantiles(df, "x", quantiles=Q, epsilon=HUGE, lower=-10, upper=10,
                        rng=np.random.default_rng(1))
-    assert out.columns == ["quantile", "value"]
-    assert [f.dataType.simpleString() for f in out.schema] == ["double", "double"]
+    assert out.columns == ["quantile", "value", "mechanism"]
+    assert [f.dataType.simpleString() for f in out.schema] == ["double", "double", "string"]
     truth = exact(np.concatenate(list(data.values())))
     expected = expected_frame(spark, list(zip(Q, truth)), [], [])
     assertDataFrameEqual(out, expected, atol=0.02, checkRowOrder=True)
@@ -84,7 +87,7 @@ def test_multi_column_keys_null_key_and_keys_dataframe(spark):
     for groups in (keys, key_df.where("k1 is null or k1 < 2")):
         out = dp_quantiles(df, "x", quantiles=Q, epsilon=HUGE, lower=-10, upper=10,
                            group_by=["k1", "k2"], groups=groups, rng=np.random.default_rng(3))
-        assert out.columns == ["k1", "k2", "quantile", "value"]
+        assert out.columns == ["k1", "k2", "quantile", "value", "mechanism"]
         assertDataFrameEqual(out, expected, atol=0.02, checkRowOrder=True)
 
 
@@ -184,7 +187,7 @@ def test_partition_selection_counts_units_not_rows(spark):
     out = dp_quantiles(df, "x", quantiles=[0.5], epsilon=2.0, lower=0, upper=100, group_by="g",
                        delta=1e-6, privacy_unit="user", max_rows_per_unit=10,
                        rng=np.random.default_rng(12))
-    assert out.columns == ["g", "quantile", "value"]
+    assert out.columns == ["g", "quantile", "value", "mechanism"]
     assert [r["g"] for r in out.collect()] == ["popular"]
     # Row-level selection: "rare" has 1,000 rows, i.e. 1,000 units, and is released too.
     row_level = dp_quantiles(df, "x", quantiles=[0.5], epsilon=2.0, lower=0, upper=100,
@@ -196,4 +199,4 @@ def test_partition_selection_can_release_nothing(spark):
     df = spark.createDataFrame([("a", 1.0)], "g string, x double")
     out = dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
                        delta=1e-9, rng=np.random.default_rng(0))
-    assert out.collect() == [] and out.columns == ["g", "quantile", "value"]
+    assert out.collect() == [] and out.columns == ["g", "quantile", "value", "mechanism"]

@@ -133,7 +133,8 @@ def test_packed_codes_are_counted_per_key_index(recorded):
     batches = [pd.DataFrame({_release.CODE: codes[i:i + 450]}) for i in range(0, 4000, 450)]
     params = _params(keys=("g",), integral_keys=(True,), extra_columns=(_release.CODE,))
     out = pd.concat(list(_release.release_partition(iter(batches), params)), ignore_index=True)
-    assert list(out.columns) == [_release.GID, "quantile", "value"]
+    assert list(out.columns) == [_release.GID, "quantile", "value", "mechanism"]
+    assert set(out["mechanism"]) == {"joint_exp"}  # the recording mechanism has no name: params'
     expected = pd.Series(gids).value_counts().sort_index()
     assert out[_release.GID].tolist() == expected.index.tolist()
     assert out["value"].tolist() == expected.astype(float).tolist()
