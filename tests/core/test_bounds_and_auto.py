@@ -180,3 +180,39 @@ def test_bounds_free_refuses_bad_quantiles_before_drawing_anything():
         joint_exp(x, [0.5], epsilon=1.0, granularity=-1.0, rng=source)
     assert drawn == []
     joint_exp(x, [0.5], epsilon=1.0, rng=np.random.default_rng(0))  # the valid call runs
+
+
+def _auto_names(n_rows, epsilon, runs, seed):
+    # 5 quantiles of n_rows points; under add/remove the choice reads a noisy count only
+    x = np.linspace(1.0, 9.0, n_rows)
+    rng = np.random.default_rng(seed)
+    names = ("agg_tree", "approx_quantiles", "joint_exp")
+    hits = np.zeros(len(names), dtype=np.int64)
+    for _ in range(runs):
+        r = auto(x, [0.1, 0.3, 0.5, 0.7, 0.9], epsilon=epsilon, lower=0.0, upper=10.0,
+                 count_share=0.5, rng=rng)
+        hits[names.index(r.mechanism)] += 1
+    return hits
+
+
+def test_auto_choice_costs_only_the_count_share_and_catches_double_spending():
+    # The released mechanism name is a function of the noisy count alone, so between neighbours
+    # (8 rows, and one row added) its log-ratio must stay within count_share * epsilon. With
+    # count_share = 0.5 at epsilon = 2 (1 for the count), the choice switches from
+    # approx_quantiles to joint_exp at a noisy count of 8 (choose_mechanism(5, n=8, epsilon=1)),
+    # in the geometric tail of both neighbours' noise, where the ratio is exactly e^1: the bound
+    # is tight. An auto that spends epsilon twice (run at 2 epsilon: count noise for 2) shows
+    # e^2 at its own switch (noisy count 4 with epsilon 2 left for the quantiles) and must fail
+    # the same check.
+    assert choose_mechanism(5, n=8, epsilon=1.0) == "joint_exp"
+    assert choose_mechanism(5, n=7, epsilon=1.0) == "approx_quantiles"
+    assert choose_mechanism(5, n=4, epsilon=2.0) == "joint_exp"
+    assert choose_mechanism(5, n=3, epsilon=2.0) == "approx_quantiles"
+    runs = 4000
+    share_eps = 0.5 * 2.0
+    a = _auto_names(8, 2.0, runs, 21)
+    b = _auto_names(9, 2.0, runs, 22)
+    assert _max_log_ratio_lower_bound(a, b, runs) <= share_eps
+    a2 = _auto_names(4, 4.0, runs, 23)
+    b2 = _auto_names(5, 4.0, runs, 24)
+    assert _max_log_ratio_lower_bound(a2, b2, runs) > share_eps
