@@ -315,13 +315,15 @@ def _grid_cells(idx: np.ndarray, counts: np.ndarray | None, size: int):
     else:
         keep = counts > 0
         idx, counts = idx[keep], counts[keep]
-        order = np.argsort(idx, kind="stable")
-        xs = idx[order]
-        if xs.size:
+        if idx.size and np.all(idx[1:] > idx[:-1]):  # already sorted and distinct (Spark's fold)
+            distinct, mult = idx, counts
+        elif idx.size:
+            order = np.argsort(idx, kind="stable")
+            xs = idx[order]
             first = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1])))
             distinct, mult = xs[first], np.add.reduceat(counts[order], first)
         else:
-            distinct, mult = xs, np.zeros(0, dtype=np.int64)
+            distinct, mult = idx, np.zeros(0, dtype=np.int64)
     distinct = distinct.astype(np.int64)
     mult = mult.astype(np.int64)
     n = int(mult.sum())
@@ -339,9 +341,12 @@ def _grid_cells(idx: np.ndarray, counts: np.ndarray | None, size: int):
     w_gap = np.where(single, 0, nxt - distinct - 1)
     p_main = below + _tie_rank(mult.astype(np.float64))
     p_gap = (below + mult).astype(np.float64)
-    widths = np.concatenate(([distinct[0]], np.column_stack((w_main, w_gap)).ravel()))
-    starts = np.concatenate(([0], np.column_stack((distinct, distinct + 1)).ravel()))
-    poss = np.concatenate(([0.0], np.column_stack((p_main, p_gap)).ravel()))
+    widths = np.empty(2 * d + 1, dtype=np.int64)
+    starts = np.empty(2 * d + 1, dtype=np.int64)
+    poss = np.empty(2 * d + 1, dtype=np.float64)
+    widths[0], widths[1::2], widths[2::2] = distinct[0], w_main, w_gap
+    starts[0], starts[1::2], starts[2::2] = 0, distinct, distinct + 1
+    poss[0], poss[1::2], poss[2::2] = 0.0, p_main, p_gap
     keep = widths > 0
     width = widths[keep]
     start = np.append(starts[keep], size)
