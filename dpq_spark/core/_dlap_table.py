@@ -1,0 +1,136 @@
+"""Many exact discrete Laplace draws of one scale, one 32-bit word each (AggTree's noise in bulk).
+
+:func:`dpq_spark.core._samplers.discrete_laplace` (Canonne, Kamath and Steinke's algorithm) spends a
+few dozen random words and many vectorised rounds per draw: about 0.5 us a draw, 35 ms for the
+69,904 node counts of one default AggTree (16**4 leaves). Here a draw costs one 32-bit word and
+one binary search, with exactly the same distribution.
+
+The distribution. ``P(y) = (1 - q) / (1 + q) q**|y|`` on the integers, ``q = exp(-1 / scale)``,
+``scale`` a positive rational (:func:`~dpq_spark.core._samplers.dlap_scale`). Then
+``P(|Y| >= k) = r_k = 2 q**k / (1 + q)`` for ``k >= 1``, and the sign is uniform and independent of
+``|Y|`` given ``|Y| >= 1``.
+
+The sampler. Take a uniform real ``u`` in [0, 1) and set ``|Y| = #{k in 1..K : u < r_k}``; if even
+``u < r_K``, ``|Y| = K + G`` with ``G`` a fresh geometric, ``P(G = j) = (1 - q) q**j`` (drawn exactly
+by :func:`~dpq_spark.core._samplers.geometric`). Then ``P(|Y| >= k) = r_k`` for ``k <= K`` and
+``P(|Y| = K + j) = r_K (1 - q) q**j = 2 (1 - q) q**(K + j) / (1 + q)``: the law above. ``u`` is
+read lazily: the low bit of a uniform 32-bit word is the sign, its 31 high bits are ``U``, the
+first bits of ``u``. With ``T_k = floor(2**31 r_k)`` (an integer computed exactly, below), ``U < T_k``
+implies ``u < r_k`` and ``U > T_k`` implies ``u > r_k`` (``2**31 r_k`` is irrational, never an
+integer). Only when ``U == T_k`` (probability ``2**-31`` per threshold) is the comparison open;
+it is then settled by further uniform bits of ``u`` compared, 64 at a time, with the binary
+expansion of ``2**31 r_k`` (:meth:`DLapTable._below_threshold`), which ends with probability 1.
+Every decision is an exact comparison of uniform integers with exact integers: no float uniform,
+no float probability.
+
+Exact thresholds. ``floor(2**b r_k)`` is computed with :mod:`decimal` at ``P`` significant digits
+(``exp`` is correctly rounded there; a division and two products add a few units of the last
+digit). The relative error of the computed value is below ``(4 k / scale + 20) 10**(1 - P)``;
+the floor is accepted only when the whole error interval has one floor, else ``P`` is doubled.
+"""
+
+from __future__ import annotations
+
+import decimal
+import functools
+from fractions import Fraction
+
+import numpy as np
+
+from dpq_spark.core._samplers import as_fraction, geometric
+
+__all__ = ["DLapTable", "dlap_table"]
+
+_WORD_BITS = 32
+_U_BITS = _WORD_BITS - 1  # the high 31 bits of a word are U; the low bit is the sign
+# The table stops before T_k drops below 2**8 (tail probability < 2**-23), or before it would stop
+# decreasing strictly (scales above about 2**8), so that at most one threshold can equal U.
+_TAIL_FLOOR = 1 << 8
+
+
+def _floor_scaled(scale: Fraction, k: int, bits: int) -> int:
+    """``floor(2**bits * 2 q**k / (1 + q))``, ``q = exp(-1 / scale)``, exactly (``k >= 1``)."""
+    digits = max(40, bits // 3 + 30)
+    while True:
+        ctx = decimal.Context(prec=digits, rounding=decimal.ROUND_HALF_EVEN)
+        x = ctx.divide(decimal.Decimal(scale.denominator), decimal.Decimal(scale.numerator))
+        qk = ctx.exp(ctx.minus(ctx.multiply(x, decimal.Decimal(k))))
+        q = ctx.exp(ctx.minus(x))
+        r = ctx.divide(ctx.multiply(decimal.Decimal(2), qk), ctx.add(decimal.Decimal(1), q))
+        v = ctx.multiply(r, decimal.Decimal(2) ** bits)
+        rel = (decimal.Decimal(4 * k) * x + 20) * decimal.Decimal(10) ** (1 - digits)
+        lo = ctx.multiply(v, 1 - rel).to_integral_value(rounding=decimal.ROUND_FLOOR)
+        hi = ctx.multiply(v, 1 + rel).to_integral_value(rounding=decimal.ROUND_FLOOR)
+        if lo == hi:
+            return int(lo)
+        digits *= 2
+
+
+class DLapTable:
+    """Exact discrete Laplace sampler for one scale (module docstring).
+
+    Parameters
+    ----------
+    scale : Fraction, int or float
+        ``P(y) ∝ exp(-|y| / scale)``; a float is taken at its exact binary value.
+    """
+
+    __slots__ = ("scale", "thresholds", "_ascending")
+
+    def __init__(self, scale):
+        self.scale = as_fraction(scale, "scale")
+        thresholds = []
+        k = 1
+        while True:
+            t = _floor_scaled(self.scale, k, _U_BITS)
+            if t < _TAIL_FLOOR or (thresholds and t >= thresholds[-1]):
+                break  # keep T strictly decreasing: at most one threshold can equal U
+            thresholds.append(t)
+            k += 1
+        if not thresholds:  # scale so small that P(|Y| >= 1) < 2**-23: all via the tail rule
+            thresholds = [_floor_scaled(self.scale, 1, _U_BITS)]
+        self.thresholds = np.array(thresholds, dtype=np.int64)  # T_1 > T_2 > ... > T_K
+        self._ascending = self.thresholds[::-1].copy()
+
+    @property
+    def depth(self) -> int:
+        """K, the number of thresholds in the table."""
+        return int(self.thresholds.size)
+
+    def _below_threshold(self, source, k: int) -> bool:
+        """Given ``U == T_k``: whether ``u < r_k``, settled by the next bits of ``u``."""
+        bits = _U_BITS
+        while True:
+            bits += 64
+            digit = _floor_scaled(self.scale, k, bits) & ((1 << 64) - 1)
+            draw = source.bits(64)
+            if draw != digit:
+                return draw < digit
+
+    def sample(self, source, size: int) -> np.ndarray:
+        """``size`` independent draws (int64), from ``4 * size`` random bytes plus rare extras."""
+        size = int(size)
+        if size == 0:
+            return np.zeros(0, dtype=np.int64)
+        words = np.frombuffer(source.bytes(4 * size), dtype="<u4").astype(np.int64)
+        negative = (words & 1).astype(bool)
+        u = words >> 1
+        K = self.depth
+        # #{k : T_k > U}: thresholds strictly above U are certain "u < r_k".
+        mag = K - np.searchsorted(self._ascending, u, side="right")
+        # U == T_{mag + 1} leaves "u < r_{mag+1}" open (one threshold at most: T strictly decreases).
+        nxt = np.minimum(mag, K - 1)
+        tie = (mag < K) & (self.thresholds[nxt] == u)
+        for i in np.flatnonzero(tie):
+            if self._below_threshold(source, int(mag[i]) + 1):
+                mag[i] += 1
+        for i in np.flatnonzero(mag == K):  # u < r_K: memoryless tail
+            mag[i] = K + int(geometric(source, self.scale))
+        # The sign is the word's low bit, independent of U; a zero ignores it.
+        return np.where(negative, -mag, mag)
+
+
+@functools.lru_cache(maxsize=64)
+def dlap_table(scale: Fraction) -> DLapTable:
+    """The (cached) table of ``scale``; tables are public (they depend on the scale only)."""
+    return DLapTable(scale)
