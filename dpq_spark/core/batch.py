@@ -1,0 +1,394 @@
+"""Quantiles of many disjoint groups in one call: each group's own mechanism, at small-group cost.
+
+:func:`release_many` releases every group with exactly the distribution of calling the group's
+mechanism on that group alone (:func:`dpq_spark.core.auto`, :func:`~dpq_spark.core.joint_exp`,
+:func:`~dpq_spark.core.ind_exp`, :func:`~dpq_spark.core.approx_quantiles` or
+:func:`~dpq_spark.core.agg_tree`, with given bounds and the default granularity), all draws
+independent. What it saves is work that does not change a distribution:
+
+- *Public arguments once.* ``epsilon``, ``quantiles``, the bounds (and the public
+  :class:`~dpq_spark.core.grid.Grid`), ``neighboring``, the mechanism, AggTree's shape and the
+  noise scales are checked and built once per call, not once per group; the private values and
+  counts of all groups are checked in one pass.
+- *One source of randomness.* One :class:`~dpq_spark.core._random.RandomSource` for the batch
+  (the OS generator in production) instead of one per group. Draws from one uniform source are
+  independent whatever their order, so the groups stay independent.
+- *Auto's noisy counts in one draw* (one discrete Laplace array for all groups), then the public
+  rule (:func:`~dpq_spark.core.choose.choose_mechanism`) once per distinct noisy count.
+- *AggTree's noise in bulk*: every group's node counts get their noise from one exact table
+  sampler (:mod:`dpq_spark.core._dlap_table`, one 32-bit word a draw), the Honaker aggregation
+  runs on all groups of a chunk at once (:func:`~dpq_spark.core.agg_tree.honaker_aggregate` with
+  a leading axis), and the descent for all groups and quantiles is vectorised, reproducing
+  :func:`numpy.searchsorted`'s binary search step for step (the aggregated counts may be
+  negative, so the cumulative sums need not be sorted).
+- *JointExp on few cells by enumeration.* A group whose mid-rank cells (those of
+  :mod:`dpq_spark.core.joint_exp`: the gap before the first point, each point, each gap after a
+  tied point) number K, with ``C(K + m - 1, m) <= ENUMERATE_MAX`` nondecreasing cell sequences,
+  draws its sequence ``s`` directly with probability proportional to
+  ``exp(c u(s)) prod_runs C(w_i + k_i - 1, k_i)`` (``k_i`` outputs in a cell of ``w_i`` grid
+  points; ``u`` the JointExp utility on the cells' mid-ranks), with
+  :func:`~dpq_spark.core.grid.draw_index`, then a uniform multiset of grid points in every run
+  (:func:`~dpq_spark.core.grid.uniform_multiset`). This is the exponential mechanism over sorted
+  grid tuples that :func:`~dpq_spark.core.joint_exp_indices` samples (each tuple's weight
+  ``exp(c u)`` depends on its cells only, and a cell holding k outputs offers ``C(w + k - 1, k)``
+  multisets), without band pruning or run truncation. An empty group has one cell (the whole
+  grid): a uniform multiset of m grid points. Larger groups use the core's sampler.
+- *IndExp and ApproxQuantiles* call the cores' samplers on the snapped data directly.
+
+Floating point. As in the core, the weights are float64 and the draws exact: the enumerated
+JointExp weight of a sequence is a sum of at most ``3 m + 2`` correctly rounded terms, each of
+size at most ``c n + m log(N + m)``, so its relative error is far below the core's ``eta``
+(:mod:`dpq_spark.core.joint_exp`, "Guarantee as implemented"); the guarantee stated there holds.
+
+Seeds. With a seeded ``numpy.random.Generator`` the whole batch is reproducible, but a group's
+draws depend on its place in the batch and on the other groups (they share one stream). The
+per-key reproducibility of the Spark layer (``_group_rng``) is not kept; production
+(``rng=None``) has no seed at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from dpq_spark.core._dlap_table import dlap_table
+from dpq_spark.core._random import resolve_rng
+from dpq_spark.core._samplers import dlap_scale
+from dpq_spark.core._sorted_data import sort_data
+from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
+from dpq_spark.core.agg_tree import _MAX_LEAVES, honaker_aggregate
+from dpq_spark.core.approx_quantiles import _sample_indices as _approx_sample
+from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
+from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.grid import Grid, draw_index, uniform_multiset
+from dpq_spark.core.joint_exp import _grid_cells
+from dpq_spark.core.joint_exp import _sample_indices as _joint_sample
+from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
+from dpq_spark.core.single_quantile import GridCells
+
+__all__ = ["release_many", "BatchRelease", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
+
+#: The mechanisms :func:`release_many` runs (``"auto"`` picks among the other four).
+BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree")
+#: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
+#: up to three distinct points without ties).
+ENUMERATE_MAX = 4096
+_CHUNK_NODES = 1 << 21  # AggTree: about this many node counts per chunk of groups (16 MiB each)
+
+
+class BatchRelease(NamedTuple):
+    """What :func:`release_many` returns.
+
+    Attributes
+    ----------
+    values : numpy.ndarray
+        Shape ``(G, m)``, float64: row g holds group g's m sorted estimates in ``[lower, upper]``.
+    mechanisms : list of str
+        The mechanism that ran for each group (for ``"auto"``, the one it picked).
+    """
+
+    values: np.ndarray
+    mechanisms: list
+
+
+def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_remove",
+                 mechanism="auto", rng=None, count_share=DEFAULT_COUNT_SHARE, branching=16,
+                 height=4) -> BatchRelease:
+    """Release the quantiles of many disjoint groups, each with its mechanism's own distribution.
+
+    Parameters
+    ----------
+    groups : sequence of (values, counts) pairs
+        One pair per group: ``values`` a 1-d array of floats (grid indices or cell midpoints
+        as floats are fine), ``counts`` their non-negative integer multiplicities (same length)
+        or None (one each). A group may be empty. Values are clamped to ``[lower, upper]``; NaN
+        is an error.
+    quantiles : array_like of float
+        Strictly increasing, each in (0, 1); the same m for every group.
+    epsilon : float
+        Each group's budget, finite and > 0.
+    lower, upper : float
+        Public, finite bounds with ``lower < upper``; releases lie on the default grid
+        ``Grid(lower, upper)`` (2**32 steps), as in the per-group core mechanisms.
+    neighboring : {"add_remove", "swap"} or NeighboringRelation
+    mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree"}
+        ``"auto"`` (default) is :func:`dpq_spark.core.auto` per group: under add/remove a noisy
+        count with ``count_share * epsilon``, then the public rule.
+    rng : numpy.random.Generator, RandomSource or None
+        ``None`` (production): the OS cryptographic generator, one source for the whole batch.
+        A seeded generator (tests, experiments) makes the batch reproducible as a whole (module
+        notes).
+    count_share : float
+        Share of epsilon for auto's noisy count (add/remove only), in (0, 1), default 0.05.
+    branching, height : int
+        AggTree's tree (defaults 16 and 4, as :func:`~dpq_spark.core.agg_tree`).
+
+    Returns
+    -------
+    BatchRelease
+        ``values`` of shape ``(G, m)`` and the mechanism name of each group.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it (never echoing private values); raised before any draw.
+
+    Privacy
+    -------
+    Each group's release is its mechanism's: ``epsilon``-DP (pure) under ``neighboring``, one
+    row (one unit of a group's counts) as the unit, with the implementation's ``eta``/``delta``
+    of :mod:`dpq_spark.core.joint_exp` for the exponential-mechanism samplers (``"auto"``: the
+    noisy count and the chosen mechanism compose to ``epsilon``). The groups hold disjoint rows
+    and their draws are independent, so by parallel composition the whole batch is
+    ``epsilon``-DP when one row lies in at most one group; a unit contributing rows to several
+    groups needs the caller's scaling (group privacy), as in ``dp_quantiles``. Assumes the
+    bounds, quantiles, epsilon, mechanism and the list of groups (the keys) are public; the
+    group sizes are private and never leave a mechanism: auto branches only on its noisy
+    count, and the other branches (enumeration or the core's sampler, chunking) sample the same
+    distribution.
+    """
+    eps = check_epsilon(epsilon)
+    q = check_quantiles(quantiles)
+    grid = Grid(lower, upper)  # checks `lower` and `upper`
+    relation = NeighboringRelation.parse(neighboring)
+    if not isinstance(mechanism, str) or mechanism not in BATCH_MECHANISMS:
+        allowed = ", ".join(repr(k) for k in BATCH_MECHANISMS)
+        raise DPQValueError(f"`mechanism` must be one of {allowed}, got {mechanism!r}")
+    share = _check_share(count_share, "count_share")
+    b = check_positive_int(branching, "branching", minimum=2)
+    h = check_positive_int(height, "height", minimum=1)
+    if b**h > _MAX_LEAVES:
+        raise DPQValueError(f"`branching`**`height` must be <= 2**24 leaves, got {b}**{h}")
+    x, counts, bounds = _check_groups(groups)
+    source = resolve_rng(rng)
+
+    G, m = bounds.size - 1, int(q.size)
+    cum = np.concatenate(([0], np.cumsum(counts)))
+    n = cum[bounds[1:]] - cum[bounds[:-1]]  # private: used inside the mechanisms only
+    if mechanism == "auto":
+        names, mech_eps = _auto_names(n, m, eps, relation, share, source)
+    else:
+        names, mech_eps = [mechanism] * G, eps
+    values = np.empty((G, m), dtype=np.float64)
+    if G == 0:
+        return BatchRelease(values, names)
+    snapped = grid.snap(x)
+    by_name: dict[str, list[int]] = {}
+    for g, name in enumerate(names):
+        by_name.setdefault(name, []).append(g)
+    for name, members in by_name.items():
+        members = np.asarray(members, dtype=np.int64)
+        if name == "agg_tree":
+            values[members] = _agg_trees(x, counts, bounds, n, members, q, mech_eps, grid, relation,
+                                         b, h, source)
+            continue
+        for g in members:
+            lo, hi = int(bounds[g]), int(bounds[g + 1])
+            k, c = snapped[lo:hi], counts[lo:hi]
+            if name == "joint_exp":
+                idx = _joint_exp(k, c, q, mech_eps, relation, grid.size, source)
+            elif name == "ind_exp":
+                idx = _ind_exp(k, c, q, mech_eps, relation, grid.size, source)
+            else:
+                top = grid.size - 1
+                idx = _approx_sample(sort_data(k, c, 0, top), top, q, mech_eps, relation, source)
+            values[g] = grid.value(idx)
+    return BatchRelease(values, names)
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _check_groups(groups):
+    """All groups' values and counts concatenated, and the group boundaries (checked once)."""
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__len__"):
+        raise TypeError("`groups` must be a sequence of (values, counts) pairs")
+    xs, cs, sizes = [], [], []
+    for pair in groups:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError("`groups` must be a sequence of (values, counts) pairs")
+        v = np.asarray(pair[0], dtype=np.float64) if not isinstance(pair[0], np.ndarray) else pair[0]
+        if v.ndim != 1:
+            raise DPQValueError("`groups` values must be 1-d arrays")
+        c = np.ones(v.size, dtype=np.int64) if pair[1] is None else np.asarray(pair[1])
+        if c.ndim != 1 or c.size != v.size:
+            raise DPQValueError("`groups` counts must be 1-d with the length of their values")
+        xs.append(v)
+        cs.append(c)
+        sizes.append(v.size)
+    x = check_values(np.concatenate(xs) if xs else np.zeros(0), "groups")
+    counts = check_counts(np.concatenate(cs) if cs else np.zeros(0, dtype=np.int64), x.size,
+                          "groups' counts")
+    bounds = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64)))).astype(np.int64)
+    return x, counts, bounds
+
+
+def _auto_names(n, m, eps, relation, share, source):
+    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon."""
+    if relation is NeighboringRelation.SWAP:
+        n_used, rest = n, eps
+    else:
+        noisy = n + dlap_table(dlap_scale(1, share * eps)).sample(source, n.size)
+        n_used, rest = np.maximum(noisy, 0), (1.0 - share) * eps
+    choice = {int(v): choose_mechanism(m, n=float(v), epsilon=rest) for v in np.unique(n_used)}
+    return [choice[int(v)] for v in n_used], rest
+
+
+# --------------------------------------------------------------------------------------------
+# JointExp
+
+
+@functools.lru_cache(maxsize=512)
+def _sequences(K: int, m: int):
+    """All nondecreasing sequences of m cells of ``0..K-1`` (shape (S, m)), each output's place
+    in its run of equal cells minus one (float64) and ``log`` of its place."""
+    seqs = np.array(list(itertools.combinations_with_replacement(range(K), m)), dtype=np.int64)
+    seqs = seqs.reshape(-1, m)
+    before = np.zeros(seqs.shape, dtype=np.float64)  # outputs before this one in its run
+    for j in range(1, m):
+        before[:, j] = np.where(seqs[:, j] == seqs[:, j - 1], before[:, j - 1] + 1.0, 0.0)
+    return seqs, before, np.log(before + 1.0)
+
+
+def _joint_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
+    """One JointExp draw (m sorted grid indices) for one group's grid indices ``k``."""
+    c = eps / (2.0 * joint_exp_sensitivity(q, relation))
+    start, width, _, pos, n = _grid_cells(k, counts, size)
+    m = q.size
+    if math.comb(width.size + m - 1, m) > ENUMERATE_MAX:
+        return _joint_sample(k, counts, q, c, size, source)[0]
+    seqs, before, log_place = _sequences(int(width.size), m)
+    targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
+    ranks = pos[seqs]
+    gaps = np.diff(ranks, axis=1, prepend=0.0, append=float(n))
+    util = -np.abs(gaps - targets).sum(axis=1)
+    # log C(w + k - 1, k) of a run = sum over its outputs of log((w + place - 1) / place)
+    log_mult = (np.log(width[seqs] + before) - log_place).sum(axis=1)
+    seq = seqs[draw_index(c * util + log_mult, source)]
+    out = np.empty(m, dtype=np.int64)
+    j = 0
+    while j < m:  # one uniform multiset of grid points per run of equal cells
+        i = int(seq[j])
+        run = int(np.searchsorted(seq, i, side="right")) - j
+        out[j:j + run] = int(start[i]) + uniform_multiset(source, int(width[i]), run)
+        j += run
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# IndExp
+
+
+def _ind_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
+    """One IndExp draw: m independent single-quantile draws with ``eps / m`` each, sorted."""
+    cells = GridCells.of(sort_data(k, counts, 0, size - 1), 0, size)
+    each = eps / q.size
+    out = [cells.sample(float(v), each, single_quantile_sensitivity(float(v), relation), source)
+           for v in q]
+    return np.sort(np.array(out, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------
+# AggTree
+
+
+def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, source) -> np.ndarray:
+    """AggTree for the groups ``members``, chunk by chunk: exact histograms, bulk noise, batched
+    aggregation and descent. Returns shape ``(len(members), m)``."""
+    swap = relation is NeighboringRelation.SWAP
+    table = dlap_table(dlap_scale(h * (2 if swap else 1), eps))
+    leaves = b**h
+    nodes = sum(b**level for level in range(1, h + 1))
+    per_chunk = max(1, _CHUNK_NODES // nodes)
+    lower, upper = grid.lower, grid.upper
+    out = np.empty((members.size, q.size), dtype=np.float64)
+    for lo in range(0, members.size, per_chunk):
+        chunk = members[lo:lo + per_chunk]
+        G = chunk.size
+        # Exact leaf counts, as agg_tree's _leaf_histogram on the clamped values.
+        starts, stops = bounds[chunk], bounds[chunk + 1]
+        sizes = stops - starts
+        rows = np.concatenate([np.arange(a, z) for a, z in zip(starts, stops)]) if sizes.sum() else \
+            np.zeros(0, dtype=np.int64)
+        local = np.repeat(np.arange(G), sizes)
+        v = np.clip(x[rows], lower, upper)
+        leaf = np.clip(np.floor((v - lower) / (upper - lower) * leaves).astype(np.int64), 0, leaves - 1)
+        hist = np.bincount(local * leaves + leaf, weights=counts[rows].astype(np.float64),
+                           minlength=G * leaves).reshape(G, leaves)
+        exact = [None] * (h + 1)
+        exact[h] = hist
+        for level in range(h - 1, 0, -1):
+            exact[level] = exact[level + 1].reshape(G, -1, b).sum(axis=2)
+        noise = table.sample(source, G * nodes)
+        noisy = [None]
+        used = 0
+        for level in range(1, h + 1):
+            width = G * b**level
+            part = noise[used:used + width].reshape(G, b**level)
+            used += width
+            noisy.append((exact[level].astype(np.int64) + part).astype(np.float64))
+        out[lo:lo + G] = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
+    return out
+
+
+def _post_process(noisy, b, scale, root, q, lower, upper) -> np.ndarray:
+    """AggTree's post-processing of noisy node counts of shape ``(G, b**l)``: Honaker aggregation
+    and the descent, as :func:`~dpq_spark.core.agg_tree.agg_tree` does per group."""
+    qq = math.exp(-1.0 / float(scale))
+    variance = 2.0 * qq / (1.0 - qq) ** 2 if qq > 0.0 else 1.0
+    tree = honaker_aggregate(noisy, b, variance, None if root is None else np.asarray(root, dtype=np.float64))
+    est = _descend_many(tree, b, lower, upper, q)
+    return np.sort(np.clip(est, lower, upper), axis=1)
+
+
+def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(a[i], key[i], side="left")`` for every row, step for step the binary
+    search numpy runs for one key, also on rows that are not sorted."""
+    lo = np.zeros(key.shape, dtype=np.int64)
+    hi = np.full(key.shape, a.shape[-1], dtype=np.int64)
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = lo + ((hi - lo) >> 1)
+        val = np.take_along_axis(a, np.minimum(mid, a.shape[-1] - 1)[..., None], axis=-1)[..., 0]
+        less = val < key
+        lo = np.where(open_ & less, mid + 1, lo)
+        hi = np.where(open_ & ~less, mid, hi)
+
+
+def _descend_many(tree, b, lower, upper, q) -> np.ndarray:
+    """The descent of :func:`dpq_spark.core.agg_tree._descend` for every group and quantile."""
+    G, m = tree[1].shape[0], q.size
+    height = len(tree) - 1
+    node = np.zeros((G, m), dtype=np.int64)
+    left = np.full((G, m), float(lower))
+    width = np.full((G, m), float(upper) - float(lower))
+    share = np.broadcast_to(q, (G, m)).astype(np.float64)
+    going = np.ones((G, m), dtype=bool)
+    rows = np.arange(G)[:, None]
+    for level in range(1, height + 1):
+        kids = tree[level].reshape(G, -1, b)[rows, node]  # (G, m, b)
+        cum = np.cumsum(kids, axis=-1)
+        total = cum[..., -1]
+        going &= total > 0
+        if not going.any():
+            break
+        target = share * total
+        child = np.minimum(_searchsorted_left(cum, target), b - 1)
+        mine = np.take_along_axis(kids, child[..., None], axis=-1)[..., 0]
+        before = np.take_along_axis(cum, child[..., None], axis=-1)[..., 0] - mine
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.minimum(np.maximum((target - before) / mine, 0.0), 1.0)
+        new_share = np.where(mine > 0, ratio, 0.5)
+        share = np.where(going, new_share, share)
+        node = np.where(going, node * b + child, node)
+        new_width = width / b
+        left = np.where(going, left + child * new_width, left)
+        width = np.where(going, new_width, width)
+    return left + share * width
