@@ -1,9 +1,9 @@
-"""Many exact discrete Laplace draws of one scale, one 32-bit word each (AggTree's noise in bulk).
+"""Many exact discrete Laplace draws of one scale, from 16 random bits each (AggTree's noise in bulk).
 
 :func:`dpq_spark.core._samplers.discrete_laplace` (Canonne, Kamath and Steinke's algorithm) spends a
 few dozen random words and many vectorised rounds per draw: about 0.5 us a draw, 35 ms for the
-69,904 node counts of one default AggTree (16**4 leaves). Here a draw costs one 32-bit word and
-one binary search, with exactly the same distribution.
+69,904 node counts of one default AggTree (16**4 leaves). Here a draw costs 16 random bits and one
+table look-up (rarely 48 bits more and a binary search), with exactly the same distribution.
 
 The distribution. ``P(y) = (1 - q) / (1 + q) q**|y|`` on the integers, ``q = exp(-1 / scale)``,
 ``scale`` a positive rational (:func:`~dpq_spark.core._samplers.dlap_scale`). Then
@@ -14,12 +14,16 @@ The sampler. Take a uniform real ``u`` in [0, 1) and set ``|Y| = #{k in 1..K : u
 ``u < r_K``, ``|Y| = K + G`` with ``G`` a fresh geometric, ``P(G = j) = (1 - q) q**j`` (drawn exactly
 by :func:`~dpq_spark.core._samplers.geometric`). Then ``P(|Y| >= k) = r_k`` for ``k <= K`` and
 ``P(|Y| = K + j) = r_K (1 - q) q**j = 2 (1 - q) q**(K + j) / (1 + q)``: the law above. ``u`` is
-read lazily: the low bit of a uniform 32-bit word is the sign, its 31 high bits are ``U``, the
-first bits of ``u``. With ``T_k = floor(2**31 r_k)`` (an integer computed exactly, below), ``U < T_k``
-implies ``u < r_k`` and ``U > T_k`` implies ``u > r_k`` (``2**31 r_k`` is irrational, never an
-integer). Only when ``U == T_k`` (probability ``2**-31`` per threshold) is the comparison open;
-it is then settled by further uniform bits of ``u`` compared, 64 at a time, with the binary
-expansion of ``2**31 r_k`` (:meth:`DLapTable._below_threshold`), which ends with probability 1.
+read lazily. A uniform 16-bit word gives the sign (its low bit) and the first 15 bits ``p`` of
+``u``, so ``u`` lies in ``[p, p + 1) 2**-15``; a public table says, for every ``p``, whether no
+threshold ``r_k`` falls in that interval (then ``|Y|`` is known: the number of ``r_k`` above it) or
+not (about 0.15% of the mass at AggTree's scale). Only then are 48 more bits of ``u`` read, giving
+its first 63 bits ``U``. With ``T_k = floor(2**63 r_k)`` (an integer computed exactly, below),
+``U < T_k`` implies ``u < r_k`` and ``U > T_k`` implies ``u > r_k`` (``2**63 r_k`` is irrational,
+never an integer). Only when ``U == T_k`` (probability ``2**-63`` per threshold) is the comparison
+still open; it is then settled by further uniform bits of ``u`` compared, 64 at a time, with the
+binary expansion of ``2**63 r_k`` (:meth:`DLapTable._below_threshold`), which ends with
+probability 1.
 Every decision is an exact comparison of uniform integers with exact integers: no float uniform,
 no float probability.
 
@@ -41,8 +45,9 @@ from dpq_spark.core._samplers import as_fraction, geometric
 
 __all__ = ["DLapTable", "dlap_table"]
 
-_WORD_BITS = 32
-_U_BITS = _WORD_BITS - 1  # the high 31 bits of a word are U; the low bit is the sign
+_U_BITS = 63  # U: the first 63 bits of u
+_PREFIX_BITS = 15  # p: the first 15 bits of u (with the sign bit, one 16-bit word)
+_REST_BITS = _U_BITS - _PREFIX_BITS
 # The table stops before T_k drops below 2**8 (tail probability < 2**-23), or before it would stop
 # decreasing strictly (scales above about 2**8), so that at most one threshold can equal U.
 _TAIL_FLOOR = 1 << 8
@@ -75,7 +80,7 @@ class DLapTable:
         ``P(y) ∝ exp(-|y| / scale)``; a float is taken at its exact binary value.
     """
 
-    __slots__ = ("scale", "thresholds", "_ascending")
+    __slots__ = ("scale", "thresholds", "_ascending", "_prefix_mag", "_prefix_open")
 
     def __init__(self, scale):
         self.scale = as_fraction(scale, "scale")
@@ -91,6 +96,15 @@ class DLapTable:
             thresholds = [_floor_scaled(self.scale, 1, _U_BITS)]
         self.thresholds = np.array(thresholds, dtype=np.int64)  # T_1 > T_2 > ... > T_K
         self._ascending = self.thresholds[::-1].copy()
+        # Per 15-bit prefix p (U in [p 2**48, p 2**48 + 2**48 - 1]): open if a threshold lies in
+        # that range (U may equal it, or fall on either side) or if all K lie above it (tail).
+        low = np.arange(1 << _PREFIX_BITS, dtype=np.int64) << _REST_BITS
+        high = low + ((1 << _REST_BITS) - 1)
+        K = self.depth
+        above_high = K - np.searchsorted(self._ascending, high, side="right")  # #{T_k > high}
+        at_least_low = K - np.searchsorted(self._ascending, low, side="left")  # #{T_k >= low}
+        self._prefix_open = (at_least_low != above_high) | (above_high == K)
+        self._prefix_mag = above_high.astype(np.int64)
 
     @property
     def depth(self) -> int:
@@ -108,13 +122,24 @@ class DLapTable:
                 return draw < digit
 
     def sample(self, source, size: int) -> np.ndarray:
-        """``size`` independent draws (int64), from ``4 * size`` random bytes plus rare extras."""
+        """``size`` independent draws (int64), from ``2 * size`` random bytes plus rare extras."""
         size = int(size)
         if size == 0:
             return np.zeros(0, dtype=np.int64)
-        words = np.frombuffer(source.bytes(4 * size), dtype="<u4").astype(np.int64)
+        words = np.frombuffer(source.bytes(2 * size), dtype="<u2")
         negative = (words & 1).astype(bool)
-        u = words >> 1
+        prefix = words >> 1
+        mag = self._prefix_mag[prefix]
+        unsure = np.flatnonzero(self._prefix_open[prefix])
+        if unsure.size:
+            rest = (source.words(unsure.size) >> np.uint64(64 - _REST_BITS)).astype(np.int64)
+            u = (prefix[unsure].astype(np.int64) << _REST_BITS) | rest
+            mag[unsure] = self._magnitudes(source, u)
+        # The sign is the word's low bit, independent of u; a zero ignores it.
+        return np.where(negative, -mag, mag)
+
+    def _magnitudes(self, source, u: np.ndarray) -> np.ndarray:
+        """``|Y|`` for the 63-bit prefixes ``u`` (reading more bits of u only on a tie)."""
         K = self.depth
         # #{k : T_k > U}: thresholds strictly above U are certain "u < r_k".
         mag = K - np.searchsorted(self._ascending, u, side="right")
@@ -126,8 +151,7 @@ class DLapTable:
                 mag[i] += 1
         for i in np.flatnonzero(mag == K):  # u < r_K: memoryless tail
             mag[i] = K + int(geometric(source, self.scale))
-        # The sign is the word's low bit, independent of U; a zero ignores it.
-        return np.where(negative, -mag, mag)
+        return mag
 
 
 @functools.lru_cache(maxsize=64)

@@ -259,7 +259,7 @@ def test_dlap_table_test_has_power():
 
 
 def test_dlap_table_thresholds_are_exact_floors():
-    """T_k = floor(2**31 r_k) checked against exact rational bounds on exp (Taylor series)."""
+    """T_k = floor(2**63 r_k) checked against exact rational bounds on exp (Taylor series)."""
     from fractions import Fraction
 
     scale = dlap_scale(4, 0.95)
@@ -276,18 +276,39 @@ def test_dlap_table_thresholds_are_exact_floors():
     lo_q, hi_q = exp_bounds(one)
     for k in (1, 2, 5, table.depth):
         lo_k, hi_k = exp_bounds(one * k)
-        lo = 2 * lo_k / (1 + hi_q) * 2**31
-        hi = 2 * hi_k / (1 + lo_q) * 2**31
+        lo = 2 * lo_k / (1 + hi_q) * 2**63
+        hi = 2 * hi_k / (1 + lo_q) * 2**63
         assert math.floor(lo) == math.floor(hi) == int(table.thresholds[k - 1])
 
 
+def test_dlap_table_prefix_table_agrees_with_the_full_comparison():
+    """Every prefix marked sure has one magnitude over its whole range of 63-bit U, the one the
+    table gives; the full comparison (used for open prefixes) is a sampler of |Y| by itself."""
+    from dpq_spark.core._dlap_table import _PREFIX_BITS, _REST_BITS
+
+    table = DLapTable(dlap_scale(4, 0.95))
+    source = resolve_rng(np.random.default_rng(31))
+    p = np.arange(1 << _PREFIX_BITS, dtype=np.int64)
+    sure = ~table._prefix_open
+    assert 0.99 < sure.mean() < 1.0
+    low, high = p << _REST_BITS, (p << _REST_BITS) + (1 << _REST_BITS) - 1
+    assert np.array_equal(table._magnitudes(source, low[sure]), table._prefix_mag[sure])
+    assert np.array_equal(table._magnitudes(source, high[sure]), table._prefix_mag[sure])
+    u = (source.words(200_000) >> np.uint64(1)).astype(np.int64)
+    mags = table._magnitudes(source, u)
+    support = np.arange(0, 200)
+    pmf = _dlap_pmf(table.scale, support) * np.where(support > 0, 2.0, 1.0)
+    observed = np.bincount(mags, minlength=support.size)[: support.size]
+    assert _pooled_chi2(observed, pmf / pmf.sum()) > ALPHA
+
+
 def test_dlap_table_settles_ties_with_the_next_bits():
-    """Given U == T_k, 'u < r_k' must come out with probability frac(2**31 r_k)."""
+    """Given U == T_k, 'u < r_k' must come out with probability frac(2**63 r_k)."""
     scale = dlap_scale(4, 0.95)
     table = DLapTable(scale)
     source = resolve_rng(np.random.default_rng(13))
     for k in (1, 3):
-        frac = (_floor_scaled(table.scale, k, 31 + 53) % 2**53) / 2**53
+        frac = (_floor_scaled(table.scale, k, 63 + 53) % 2**53) / 2**53
         hits = sum(table._below_threshold(source, k) for _ in range(20_000))
         assert abs(hits / 20_000 - frac) < 4.5 * math.sqrt(frac * (1 - frac) / 20_000)
 
