@@ -80,7 +80,8 @@ class DLapTable:
         ``P(y) ∝ exp(-|y| / scale)``; a float is taken at its exact binary value.
     """
 
-    __slots__ = ("scale", "thresholds", "_ascending", "_prefix_mag", "_prefix_open")
+    __slots__ = ("scale", "thresholds", "_ascending", "_prefix_mag", "_prefix_open", "_word_value",
+                 "_word_open")
 
     def __init__(self, scale):
         self.scale = as_fraction(scale, "scale")
@@ -105,6 +106,10 @@ class DLapTable:
         at_least_low = K - np.searchsorted(self._ascending, low, side="left")  # #{T_k >= low}
         self._prefix_open = (at_least_low != above_high) | (above_high == K)
         self._prefix_mag = above_high.astype(np.int64)
+        # The same per 16-bit word (prefix = word >> 1, sign = low bit): signed values, open flags.
+        word = np.arange(1 << (_PREFIX_BITS + 1))
+        self._word_value = np.where(word & 1, -1, 1) * self._prefix_mag[word >> 1]
+        self._word_open = self._prefix_open[word >> 1]
 
     @property
     def depth(self) -> int:
@@ -127,16 +132,15 @@ class DLapTable:
         if size == 0:
             return np.zeros(0, dtype=np.int64)
         words = np.frombuffer(source.bytes(2 * size), dtype="<u2")
-        negative = (words & 1).astype(bool)
-        prefix = words >> 1
-        mag = self._prefix_mag[prefix]
-        unsure = np.flatnonzero(self._prefix_open[prefix])
+        out = self._word_value[words]  # signed |Y| for the words whose prefix is sure
+        unsure = np.flatnonzero(self._word_open[words])
         if unsure.size:
+            w = words[unsure].astype(np.int64)
             rest = (source.words(unsure.size) >> np.uint64(64 - _REST_BITS)).astype(np.int64)
-            u = (prefix[unsure].astype(np.int64) << _REST_BITS) | rest
-            mag[unsure] = self._magnitudes(source, u)
-        # The sign is the word's low bit, independent of u; a zero ignores it.
-        return np.where(negative, -mag, mag)
+            mag = self._magnitudes(source, ((w >> 1) << _REST_BITS) | rest)
+            # The sign is the word's low bit, independent of u; a zero ignores it.
+            out[unsure] = np.where((w & 1) == 1, -mag, mag)
+        return out
 
     def _magnitudes(self, source, u: np.ndarray) -> np.ndarray:
         """``|Y|`` for the 63-bit prefixes ``u`` (reading more bits of u only on a tie)."""

@@ -71,9 +71,6 @@ def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, 
     def up(a):  # children summed into their parent
         return a.reshape(*a.shape[:-1], -1, branching).sum(axis=-1)
 
-    def down(a):  # a parent's value repeated for each child
-        return np.repeat(a, branching, axis=-1)
-
     low = [None] * (height + 1)
     var_low = np.zeros(height + 1)
     low[height] = noisy[height].astype(np.float64)
@@ -103,8 +100,10 @@ def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, 
         if np.isinf(var_high[level - 1]):
             high[level], var_high[level], final[level] = noisy[level].astype(np.float64), variance, low[level]
             continue
-        sibling_sum = down(up(low[level]))
-        from_above = down(high[level - 1]) - (sibling_sum - low[level])
+        # parent-minus-siblings, by broadcasting over (..., parents, branching) (no repeats)
+        low_kids = low[level].reshape(*lead, -1, branching)
+        sibling_sum = low_kids.sum(axis=-1, keepdims=True)
+        from_above = (high[level - 1][..., None] - (sibling_sum - low_kids)).reshape(low[level].shape)
         var_above = var_high[level - 1] + (branching - 1) * var_low[level]
         # high: own noisy count combined with parent-minus-siblings.
         w_own = var_above / (variance + var_above)
