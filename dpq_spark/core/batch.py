@@ -16,11 +16,13 @@ independent. What it saves is work that does not change a distribution:
 - *Auto's noisy counts in one draw* (one discrete Laplace array for all groups), then the public
   rule (:func:`~dpq_spark.core.choose.choose_mechanism`) once per distinct noisy count.
 - *AggTree's noise in bulk*: every group's node counts get their noise from one exact table
-  sampler (:mod:`dpq_spark.core._dlap_table`, one 32-bit word a draw), the Honaker aggregation
-  runs on all groups of a chunk at once (:func:`~dpq_spark.core.agg_tree.honaker_aggregate` with
-  a leading axis), and the descent for all groups and quantiles is vectorised, reproducing
+  sampler (:mod:`dpq_spark.core._dlap_table`, 16 random bits a draw), the bottom-up pass of the
+  Honaker aggregation runs on all groups of a chunk at once, and its top-down pass and the
+  descent run for all groups and quantiles together on the visited nodes' children only (the
+  descent reads nothing else), with the same floating-point operations in the same order as
+  :func:`~dpq_spark.core.agg_tree.honaker_aggregate` and ``_descend``, reproducing
   :func:`numpy.searchsorted`'s binary search step for step (the aggregated counts may be
-  negative, so the cumulative sums need not be sorted).
+  negative, so the cumulative sums need not be sorted). The same noise gives the same numbers.
 - *JointExp on few cells by enumeration.* A group whose mid-rank cells (those of
   :mod:`dpq_spark.core.joint_exp`: the gap before the first point, each point, each gap after a
   tied point) number K, with ``C(K + m - 1, m) <= ENUMERATE_MAX`` nondecreasing cell sequences,
@@ -60,7 +62,7 @@ from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import dlap_scale
 from dpq_spark.core._sorted_data import sort_data
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
-from dpq_spark.core.agg_tree import _MAX_LEAVES, honaker_aggregate
+from dpq_spark.core.agg_tree import _MAX_LEAVES
 from dpq_spark.core.approx_quantiles import _sample_indices as _approx_sample
 from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
 from dpq_spark.core.errors import DPQValueError
@@ -331,19 +333,87 @@ def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, sour
             width = G * b**level
             part = noise[used:used + width].reshape(G, b**level)
             used += width
-            noisy.append((exact[level].astype(np.int64) + part).astype(np.float64))
+            noisy.append(exact[level] + part)  # whole numbers below 2**53: exact in float64
         out[lo:lo + G] = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
     return out
 
 
 def _post_process(noisy, b, scale, root, q, lower, upper) -> np.ndarray:
-    """AggTree's post-processing of noisy node counts of shape ``(G, b**l)``: Honaker aggregation
-    and the descent, as :func:`~dpq_spark.core.agg_tree.agg_tree` does per group."""
+    """AggTree's post-processing of noisy node counts of shape ``(G, b**l)``, with exactly the
+    numbers of :func:`~dpq_spark.core.agg_tree.agg_tree` per group: Honaker's bottom-up pass on
+    every node, then its top-down pass only on the children of the nodes the descent visits
+    (the descent reads nothing else), and the descent."""
     qq = math.exp(-1.0 / float(scale))
     variance = 2.0 * qq / (1.0 - qq) ** 2 if qq > 0.0 else 1.0
-    tree = honaker_aggregate(noisy, b, variance, None if root is None else np.asarray(root, dtype=np.float64))
-    est = _descend_many(tree, b, lower, upper, q)
+    est = _aggregate_and_descend(noisy, b, variance, root, q, lower, upper)
     return np.sort(np.clip(est, lower, upper), axis=1)
+
+
+def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndarray:
+    """:func:`~dpq_spark.core.agg_tree.honaker_aggregate` then ``_descend`` for every group and
+    quantile, the same floating-point operations in the same order on the nodes that matter."""
+    height = len(noisy) - 1
+    G, m = noisy[height].shape[0], q.size
+    # Bottom-up (every node), as honaker_aggregate.
+    low = [None] * (height + 1)
+    var_low = np.zeros(height + 1)
+    low[height] = np.asarray(noisy[height], dtype=np.float64)
+    var_low[height] = variance
+    for level in range(height - 1, 0, -1):
+        child_sum = low[level + 1].reshape(G, -1, b).sum(axis=-1)
+        var_children = b * var_low[level + 1]
+        w = var_children / (variance + var_children)
+        low[level] = w * noisy[level] + (1.0 - w) * child_sum
+        var_low[level] = variance * var_children / (variance + var_children)
+    if root is None:
+        low[0] = low[1].reshape(G, -1, b).sum(axis=-1)
+        var_low[0] = b * var_low[1]
+    else:
+        low[0] = np.asarray(root, dtype=np.float64).reshape(G, 1)
+        var_low[0] = 0.0
+    # Top-down along the descent paths only.
+    var_high = np.inf if root is None else 0.0
+    high = np.broadcast_to(low[0][:, :1], (G, m)).copy()  # high of the current node, per path
+    node = np.zeros((G, m), dtype=np.int64)
+    left = np.full((G, m), float(lower))
+    width = np.full((G, m), float(upper) - float(lower))
+    share = np.broadcast_to(q, (G, m)).astype(np.float64)
+    going = np.ones((G, m), dtype=bool)
+    rows = np.arange(G)[:, None]
+    for level in range(1, height + 1):
+        kids = node[..., None] * b + np.arange(b)  # (G, m, b) node indices
+        kids_low = low[level][rows[..., None], kids]
+        kids_noisy = noisy[level][rows[..., None], kids].astype(np.float64)
+        if np.isinf(var_high):
+            kids_high, final, var_high = kids_noisy, kids_low, variance
+        else:
+            sibling_sum = kids_low.sum(axis=-1, keepdims=True)
+            from_above = high[..., None] - (sibling_sum - kids_low)
+            var_above = var_high + (b - 1) * var_low[level]
+            w_own = var_above / (variance + var_above)
+            kids_high = w_own * kids_noisy + (1.0 - w_own) * from_above
+            var_high = variance * var_above / (variance + var_above)
+            w_low = var_above / (var_low[level] + var_above)
+            final = w_low * kids_low + (1.0 - w_low) * from_above
+        # The descent step of agg_tree._descend on the children's final estimates.
+        cum = np.cumsum(final, axis=-1)
+        total = cum[..., -1]
+        going &= total > 0
+        if not going.any():
+            break
+        target = share * total
+        child = np.minimum(_searchsorted_left(cum, target), b - 1)
+        mine = np.take_along_axis(final, child[..., None], axis=-1)[..., 0]
+        before = np.take_along_axis(cum, child[..., None], axis=-1)[..., 0] - mine
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.minimum(np.maximum((target - before) / mine, 0.0), 1.0)
+        share = np.where(going, np.where(mine > 0, ratio, 0.5), share)
+        high = np.where(going, np.take_along_axis(kids_high, child[..., None], axis=-1)[..., 0], high)
+        node = np.where(going, node * b + child, node)
+        new_width = width / b
+        left = np.where(going, left + child * new_width, left)
+        width = np.where(going, new_width, width)
+    return left + share * width
 
 
 def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
@@ -360,35 +430,3 @@ def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
         less = val < key
         lo = np.where(open_ & less, mid + 1, lo)
         hi = np.where(open_ & ~less, mid, hi)
-
-
-def _descend_many(tree, b, lower, upper, q) -> np.ndarray:
-    """The descent of :func:`dpq_spark.core.agg_tree._descend` for every group and quantile."""
-    G, m = tree[1].shape[0], q.size
-    height = len(tree) - 1
-    node = np.zeros((G, m), dtype=np.int64)
-    left = np.full((G, m), float(lower))
-    width = np.full((G, m), float(upper) - float(lower))
-    share = np.broadcast_to(q, (G, m)).astype(np.float64)
-    going = np.ones((G, m), dtype=bool)
-    rows = np.arange(G)[:, None]
-    for level in range(1, height + 1):
-        kids = tree[level].reshape(G, -1, b)[rows, node]  # (G, m, b)
-        cum = np.cumsum(kids, axis=-1)
-        total = cum[..., -1]
-        going &= total > 0
-        if not going.any():
-            break
-        target = share * total
-        child = np.minimum(_searchsorted_left(cum, target), b - 1)
-        mine = np.take_along_axis(kids, child[..., None], axis=-1)[..., 0]
-        before = np.take_along_axis(cum, child[..., None], axis=-1)[..., 0] - mine
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.minimum(np.maximum((target - before) / mine, 0.0), 1.0)
-        new_share = np.where(mine > 0, ratio, 0.5)
-        share = np.where(going, new_share, share)
-        node = np.where(going, node * b + child, node)
-        new_width = width / b
-        left = np.where(going, left + child * new_width, left)
-        width = np.where(going, new_width, width)
-    return left + share * width
