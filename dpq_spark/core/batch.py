@@ -50,6 +50,7 @@ per-key reproducibility of the Spark layer (``_group_rng``) is not kept; product
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import math
@@ -64,6 +65,8 @@ from dpq_spark.core._sorted_data import sort_data
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.agg_tree import _MAX_LEAVES
 from dpq_spark.core.approx_quantiles import _sample_indices as _approx_sample
+from dpq_spark.core.approx_quantiles import _sensitivity as _approx_sensitivity
+from dpq_spark.core.approx_quantiles import recursion_depth
 from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.grid import Grid, draw_index, uniform_multiset
@@ -79,6 +82,7 @@ BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tre
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
 ENUMERATE_MAX = 4096
+_SMALL_POINTS = 64  # IndExp / ApproxQuantiles groups with at most this many rows use Python lists
 _CHUNK_NODES = 1 << 21  # AggTree: about this many node counts per chunk of groups (16 MiB each)
 
 
@@ -193,11 +197,18 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             k, c = snapped[lo:hi], counts[lo:hi]
             if name == "joint_exp":
                 idx = _joint_exp(k, c, q, mech_eps, relation, grid.size, source)
-            elif name == "ind_exp":
-                idx = _ind_exp(k, c, q, mech_eps, relation, grid.size, source)
+            elif k.size > _SMALL_POINTS:
+                data = sort_data(k, c, 0, grid.size - 1)
+                if name == "ind_exp":
+                    idx = _ind_exp(data, q, mech_eps, relation, grid.size, source)
+                else:
+                    idx = _approx_sample(data, grid.size - 1, q, mech_eps, relation, source)
             else:
-                top = grid.size - 1
-                idx = _approx_sample(sort_data(k, c, 0, top), top, q, mech_eps, relation, source)
+                points, mult = _distinct(k, c)
+                if name == "ind_exp":
+                    idx = _ind_exp_small(points, mult, q, mech_eps, relation, grid.size, source)
+                else:
+                    idx = _approx_small(points, mult, q, mech_eps, relation, grid.size - 1, source)
             values[g] = grid.value(idx)
     return BatchRelease(values, names)
 
@@ -286,13 +297,89 @@ def _joint_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
 # IndExp
 
 
-def _ind_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
+def _ind_exp(data, q, eps, relation, size, source) -> np.ndarray:
     """One IndExp draw: m independent single-quantile draws with ``eps / m`` each, sorted."""
-    cells = GridCells.of(sort_data(k, counts, 0, size - 1), 0, size)
+    cells = GridCells.of(data, 0, size)
     each = eps / q.size
     out = [cells.sample(float(v), each, single_quantile_sensitivity(float(v), relation), source)
            for v in q]
     return np.sort(np.array(out, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------
+# Few points: IndExp and ApproxQuantiles on Python lists
+#
+# The same cells (GridCells.of), the same float64 log-weights (the same numpy expression), the
+# same draws in the same order as the core, without SortedData/GridCells objects: a seeded
+# generator gives the core's very outputs (tested).
+
+
+def _distinct(k, counts) -> tuple[list, list]:
+    """Distinct grid indices (sorted) and their multiplicities, zero counts dropped."""
+    keep = counts > 0
+    points, inverse = np.unique(k[keep], return_inverse=True)
+    mult = np.bincount(inverse, weights=counts[keep], minlength=points.size).astype(np.int64)
+    return points.tolist(), mult.tolist()
+
+
+def _cells(points, mult, first, stop):
+    """``GridCells.of`` on lists: starts, widths and mid-ranks of the cells, and n."""
+    if not points:
+        return [first], [stop - first], [0.0], 0
+    starts, widths, ranks = [first], [points[0] - first], [0.0]
+    below = 0
+    for i, (p, t) in enumerate(zip(points, mult)):
+        nxt = points[i + 1] if i + 1 < len(points) else stop
+        single = t == 1
+        starts += [p, p + 1]
+        widths += [nxt - p if single else 1, 0 if single else nxt - p - 1]
+        ranks += [below + (t + 1) / 2.0, float(below + t)]
+        below += t
+    keep = [i for i, w in enumerate(widths) if w > 0]
+    return [starts[i] for i in keep], [widths[i] for i in keep], [ranks[i] for i in keep], below
+
+
+def _draw_cell(cells, q, epsilon, sensitivity, source) -> int:
+    """``GridCells.sample``: one exponential-mechanism draw, a grid index."""
+    start, width, rank, n = cells
+    if len(width) == 1:
+        return start[0] + source.below(width[0])
+    scale = epsilon / (2.0 * sensitivity)
+    log_w = np.log(np.array(width, dtype=np.float64)) - scale * np.abs(np.array(rank) - q * n)
+    r = draw_index(log_w, source)
+    return start[r] + source.below(width[r])
+
+
+def _ind_exp_small(points, mult, q, eps, relation, size, source) -> np.ndarray:
+    cells = _cells(points, mult, 0, size)
+    each = eps / q.size
+    out = [_draw_cell(cells, float(v), each, single_quantile_sensitivity(float(v), relation), source)
+           for v in q]
+    return np.sort(np.array(out, dtype=np.int64))
+
+
+def _approx_small(points, mult, q, eps, relation, top, source) -> np.ndarray:
+    """The recursion of ``approx_quantiles._sample_indices`` on lists (same order of draws)."""
+    m = q.size
+    eps_level = eps / recursion_depth(m)
+    out = np.empty(m, dtype=np.int64)
+    stack = [(points, mult, 0, top, q, np.arange(m), True)]
+    while stack:
+        pts, mul, lo, hi, qs, slots, is_top = stack.pop()
+        mid = qs.size // 2
+        q_star = float(qs[mid])
+        delta_u = _approx_sensitivity(q_star, relation, is_top)
+        v = _draw_cell(_cells(pts, mul, lo, hi + 1), q_star, eps_level, delta_u, source)
+        out[slots[mid]] = v
+        cut_left = bisect.bisect_left(pts, v)  # points < v go left, points >= v right
+        if mid > 0:
+            stack.append((pts[:cut_left], mul[:cut_left], lo, v, qs[:mid] / q_star, slots[:mid], False))
+        if mid + 1 < qs.size:
+            cut_right = bisect.bisect_right(pts, hi)
+            right_q = (qs[mid + 1:] - q_star) / (1.0 - q_star)
+            stack.append((pts[cut_left:cut_right], mul[cut_left:cut_right], v, hi, right_q,
+                          slots[mid + 1:], False))
+    return np.sort(out)
 
 
 # --------------------------------------------------------------------------------------------

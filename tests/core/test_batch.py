@@ -489,3 +489,26 @@ def test_validation_draws_nothing_and_echoes_no_data():
         _call(groups=[(np.array([123.456, 789.25]), np.array([3, -5]))], rng=rng)
     assert rng.bit_generator.state == before
     assert "123.456" not in str(info.value) and "-5" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------
+# seeded equality where the batch makes the core's very draws
+
+
+@pytest.mark.parametrize("mechanism, fn", [("ind_exp", ind_exp), ("approx_quantiles", approx_quantiles)])
+def test_small_group_paths_reproduce_the_core_draw_for_draw(mechanism, fn):
+    """IndExp and ApproxQuantiles on a few points (Python lists) make the core's draws in the core's
+    order from the same float weights: one group with a seeded generator gives the core's output.
+    Ties, zero counts and values on the bounds included."""
+    rng = np.random.default_rng(5)
+    for seed in range(60):
+        n = seed % 8
+        x = rng.choice([1.0, 2.5, 2.5, 7.0, 9.99, 0.0, 10.0, 4.2], n)
+        c = rng.integers(0, 3, n)
+        q = np.sort(rng.choice(np.arange(1, 20) / 20, 1 + seed % 9, replace=False))
+        for relation in ("add_remove", "swap"):
+            want = fn(x, q, epsilon=2.0, lower=LOWER, upper=UPPER, neighboring=relation, counts=c,
+                      rng=np.random.default_rng(seed))
+            got = release_many([(x, c)], q, epsilon=2.0, lower=LOWER, upper=UPPER, neighboring=relation,
+                               mechanism=mechanism, rng=np.random.default_rng(seed)).values[0]
+            assert np.array_equal(got, want)
