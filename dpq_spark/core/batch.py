@@ -35,7 +35,12 @@ independent. What it saves is work that does not change a distribution:
   ``exp(c u)`` depends on its cells only, and a cell holding k outputs offers ``C(w + k - 1, k)``
   multisets), without band pruning or run truncation. An empty group has one cell (the whole
   grid): a uniform multiset of m grid points. Larger groups use the core's sampler.
-- *IndExp and ApproxQuantiles* call the cores' samplers on the snapped data directly.
+- *IndExp and ApproxQuantiles* on at most 64 rows run the cores' recursions on Python lists: the
+  same cells, the same float64 log-weights (the same numpy expression) and the same draws in the
+  same order, so with a seeded generator one group's output is the core's, bit for bit; larger
+  groups call the cores' samplers on the snapped data.
+- *draw_index* (:mod:`dpq_spark.core.grid`) draws from short weight lists in plain Python, with
+  the same draws as before (this speeds up the per-group core mechanisms too).
 
 Floating point. As in the core, the weights are float64 and the draws exact: the enumerated
 JointExp weight of a sequence is a sum of at most ``3 m + 2`` correctly rounded terms, each of
