@@ -42,10 +42,19 @@ independent. What it saves is work that does not change a distribution:
 - *draw_index* (:mod:`dpq_spark.core.grid`) draws from short weight lists in plain Python, with
   the same draws as before (this speeds up the per-group core mechanisms too).
 
-Floating point. As in the core, the weights are float64 and the draws exact: the enumerated
-JointExp weight of a sequence is a sum of at most ``3 m + 2`` correctly rounded terms, each of
-size at most ``c n + m log(N + m)``, so its relative error is far below the core's ``eta``
-(:mod:`dpq_spark.core.joint_exp`, "Guarantee as implemented"); the guarantee stated there holds.
+Branches on private data. Which path a group takes (enumeration or the core's JointExp sampler;
+Python lists or the core's objects for IndExp and ApproxQuantiles) depends on its size, which is
+private; every path samples the same distribution. The list paths make the core's very draws from
+the same float64 numbers. For JointExp both paths sample the exponential mechanism over grid
+tuples from float64 weights with exact draws: the enumerated log-weight of a sequence is a sum
+of at most ``3 m + 2`` correctly rounded terms of magnitude at most
+``M = 3 c n + m log(N + m) + 800`` (absolute error below ``gamma = 16 m 2**-52 M`` of
+:mod:`dpq_spark.core.joint_exp`, "Guarantee as implemented"), one :func:`draw_index` picks the
+sequence and the multisets are exact, so each output's probability is within ``exp(theta)`` of
+the exact mechanism's, with the core's ``theta``; the core's sampler is within ``exp(theta)`` of
+its band-pruned target, ``2**-60`` in total variation from the exact mechanism. Whichever path a
+dataset and its neighbour take, the release is therefore ``(epsilon + eta, delta)``-DP with the
+core's ``eta = 2 theta`` and ``delta`` (the guarantee stated for :func:`~dpq_spark.core.joint_exp`).
 
 Seeds. With a seeded ``numpy.random.Generator`` the whole batch is reproducible, but a group's
 draws depend on its place in the batch and on the other groups (they share one stream). The
