@@ -81,7 +81,7 @@ class DLapTable:
     """
 
     __slots__ = ("scale", "thresholds", "_ascending", "_prefix_mag", "_prefix_open", "_word_value",
-                 "_word_open")
+                 "_word_float", "_word_open")
 
     def __init__(self, scale):
         self.scale = as_fraction(scale, "scale")
@@ -110,6 +110,7 @@ class DLapTable:
         word = np.arange(1 << (_PREFIX_BITS + 1))
         self._word_value = np.where(word & 1, -1, 1) * self._prefix_mag[word >> 1]
         self._word_open = self._prefix_open[word >> 1]
+        self._word_float = self._word_value.astype(np.float64)
 
     @property
     def depth(self) -> int:
@@ -126,13 +127,15 @@ class DLapTable:
             if draw != digit:
                 return draw < digit
 
-    def sample(self, source, size: int) -> np.ndarray:
-        """``size`` independent draws (int64), from ``2 * size`` random bytes plus rare extras."""
+    def sample(self, source, size: int, dtype=np.int64) -> np.ndarray:
+        """``size`` independent draws (int64, or float64 holding the same integers), from
+        ``2 * size`` random bytes plus rare extras."""
         size = int(size)
         if size == 0:
-            return np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=dtype)
         words = np.frombuffer(source.bytes(2 * size), dtype="<u2")
-        out = self._word_value[words]  # signed |Y| for the words whose prefix is sure
+        table = self._word_float if dtype == np.float64 else self._word_value
+        out = table[words]  # signed |Y| for the words whose prefix is sure
         unsure = np.flatnonzero(self._word_open[words])
         if unsure.size:
             w = words[unsure].astype(np.int64)

@@ -413,28 +413,24 @@ def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, sour
     for lo in range(0, members.size, per_chunk):
         chunk = members[lo:lo + per_chunk]
         G = chunk.size
-        # Exact leaf counts, as agg_tree's _leaf_histogram on the clamped values.
-        starts, stops = bounds[chunk], bounds[chunk + 1]
-        sizes = stops - starts
-        rows = np.concatenate([np.arange(a, z) for a, z in zip(starts, stops)]) if sizes.sum() else \
-            np.zeros(0, dtype=np.int64)
-        local = np.repeat(np.arange(G), sizes)
-        v = np.clip(x[rows], lower, upper)
-        leaf = np.clip(np.floor((v - lower) / (upper - lower) * leaves).astype(np.int64), 0, leaves - 1)
-        hist = np.bincount(local * leaves + leaf, weights=counts[rows].astype(np.float64),
-                           minlength=G * leaves).reshape(G, leaves)
-        exact = [None] * (h + 1)
-        exact[h] = hist
-        for level in range(h - 1, 0, -1):
-            exact[level] = exact[level + 1].reshape(G, -1, b).sum(axis=2)
-        noise = table.sample(source, G * nodes)
+        # Noise for every node of every tree of the chunk, then the exact counts added in place
+        # (node counts are whole numbers below 2**53, so float64 sums are exact integers).
+        noise = table.sample(source, G * nodes, dtype=np.float64)
         noisy = [None]
         used = 0
         for level in range(1, h + 1):
-            width = G * b**level
-            part = noise[used:used + width].reshape(G, b**level)
-            used += width
-            noisy.append(exact[level] + part)  # whole numbers below 2**53: exact in float64
+            noisy.append(noise[used:used + G * b**level].reshape(G, b**level))
+            used += G * b**level
+        sizes = bounds[chunk + 1] - bounds[chunk]
+        if sizes.sum():
+            local = np.repeat(np.arange(G), sizes)
+            rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[chunk], sizes)
+            # the leaf of each value, as agg_tree's _leaf_histogram on the clamped values
+            v = np.clip(x[rows], lower, upper)
+            leaf = np.clip(np.floor((v - lower) / (upper - lower) * leaves).astype(np.int64), 0, leaves - 1)
+            weight = counts[rows].astype(np.float64)
+            for level in range(1, h + 1):
+                np.add.at(noisy[level], (local, leaf // b ** (h - level)), weight)
         out[lo:lo + G] = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
     return out
 
