@@ -117,7 +117,7 @@ class BatchRelease(NamedTuple):
 
 def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_remove",
                  mechanism="auto", rng=None, count_share=DEFAULT_COUNT_SHARE, branching=16,
-                 height=4) -> BatchRelease:
+                 height=4, grid_indices=False) -> BatchRelease:
     """Release the quantiles of many disjoint groups, each with its mechanism's own distribution.
 
     Parameters
@@ -146,6 +146,11 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         Share of epsilon for auto's noisy count (add/remove only), in (0, 1), default 0.05.
     branching, height : int
         AggTree's tree (defaults 16 and 4, as :func:`~dpq_spark.core.agg_tree`).
+    grid_indices : bool
+        ``True``: every group's first array holds integer indices ``0..N`` of
+        ``Grid(lower, upper)`` (e.g. computed by Spark) instead of values. The grid mechanisms
+        use them as they are; AggTree gets their grid values ``Grid.value(k)`` (whose snap is k
+        again), exactly as the core mechanisms called on those values.
 
     Returns
     -------
@@ -183,7 +188,16 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     h = check_positive_int(height, "height", minimum=1)
     if b**h > _MAX_LEAVES:
         raise DPQValueError(f"`branching`**`height` must be <= 2**24 leaves, got {b}**{h}")
+    if not isinstance(grid_indices, bool):
+        raise TypeError(f"`grid_indices` must be True or False, got {grid_indices!r}")
     x, counts, bounds = _check_groups(groups)
+    if grid_indices:
+        if np.any(x != np.floor(x)) or np.any(x < 0) or np.any(x > grid.steps):
+            raise DPQValueError(f"`groups` must hold grid indices in [0, {grid.steps}] with grid_indices=True")
+        snapped = x.astype(np.int64)
+        x = grid.value(snapped)
+    else:
+        snapped = None
     source = resolve_rng(rng)
 
     G, m = bounds.size - 1, int(q.size)
@@ -196,7 +210,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     values = np.empty((G, m), dtype=np.float64)
     if G == 0:
         return BatchRelease(values, names)
-    snapped = grid.snap(x)
+    if snapped is None:
+        snapped = grid.snap(x)
     by_name: dict[str, list[int]] = {}
     for g, name in enumerate(names):
         by_name.setdefault(name, []).append(g)

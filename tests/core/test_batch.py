@@ -528,3 +528,23 @@ def test_agg_tree_without_noise_equals_the_core(relation):
         want = agg_tree(values, Q3, epsilon=1e9, lower=LOWER, upper=UPPER, neighboring=relation,
                         counts=counts, rng=np.random.default_rng(2))
         assert np.array_equal(got[g], want)
+
+
+@pytest.mark.parametrize("mechanism", ["joint_exp", "ind_exp", "approx_quantiles", "agg_tree"])
+def test_grid_indices_give_the_release_of_their_grid_values(mechanism):
+    """grid_indices=True on k is release_many on Grid.value(k), draw for draw."""
+    rng = np.random.default_rng(41)
+    idx = [np.sort(rng.integers(0, GRID.size, size)) for size in (0, 1, 2, 3, 12)]
+    idx.append(np.array([0, GRID.steps]))
+    counts = [rng.integers(1, 3, k.size) for k in idx]
+    kw = dict(epsilon=2.0, lower=LOWER, upper=UPPER, mechanism=mechanism, branching=4, height=2)
+    a = release_many(list(zip(idx, counts)), Q3, grid_indices=True, rng=np.random.default_rng(3), **kw)
+    b = release_many([(GRID.value(k), c) for k, c in zip(idx, counts)], Q3, rng=np.random.default_rng(3), **kw)
+    assert np.array_equal(a.values, b.values)
+
+
+def test_grid_indices_are_checked():
+    with pytest.raises(ValueError, match=r"`groups` must hold grid indices in \[0, 4294967296\]"):
+        _call(groups=[(np.array([0.5]), None)], grid_indices=True)
+    with pytest.raises(TypeError, match=r"`grid_indices` must be True or False, got 1"):
+        _call(grid_indices=1)
