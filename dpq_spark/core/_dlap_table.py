@@ -62,7 +62,7 @@ def _floor_scaled(scale: Fraction, k: int, bits: int) -> int:
         qk = ctx.exp(ctx.minus(ctx.multiply(x, decimal.Decimal(k))))
         q = ctx.exp(ctx.minus(x))
         r = ctx.divide(ctx.multiply(decimal.Decimal(2), qk), ctx.add(decimal.Decimal(1), q))
-        v = ctx.multiply(r, decimal.Decimal(2) ** bits)
+        v = ctx.multiply(r, decimal.Decimal(1 << bits))  # int -> Decimal is exact
         rel = (decimal.Decimal(4 * k) * x + 20) * decimal.Decimal(10) ** (1 - digits)
         lo = ctx.multiply(v, 1 - rel).to_integral_value(rounding=decimal.ROUND_FLOOR)
         hi = ctx.multiply(v, 1 + rel).to_integral_value(rounding=decimal.ROUND_FLOOR)

@@ -265,11 +265,11 @@ def test_dlap_table_thresholds_are_exact_floors():
     scale = dlap_scale(4, 0.95)
     table = DLapTable(scale)
 
-    def exp_bounds(x: Fraction):  # e**-x for 0 < x < 20: two consecutive partial sums of the
+    def exp_bounds(x: Fraction):  # e**-x for 0 < x < 40: two consecutive partial sums of the
         terms = [Fraction(1)]  # alternating series bracket it once its terms decrease
-        for i in range(1, 200):
+        for i in range(1, 300):
             terms.append(terms[-1] * x / i)
-        parts = [sum(t * (-1) ** i for i, t in enumerate(terms[:k])) for k in (199, 200)]
+        parts = [sum(t * (-1) ** i for i, t in enumerate(terms[:k])) for k in (299, 300)]
         return min(parts), max(parts)
 
     one = 1 / scale
@@ -279,6 +279,13 @@ def test_dlap_table_thresholds_are_exact_floors():
         lo = 2 * lo_k / (1 + hi_q) * 2**63
         hi = 2 * hi_k / (1 + lo_q) * 2**63
         assert math.floor(lo) == math.floor(hi) == int(table.thresholds[k - 1])
+    # the further bits that settle a tie (2**127, 2**191: beyond decimal's default 28 digits)
+    for k in (1, 3):
+        lo_k, hi_k = exp_bounds(one * k)
+        for bits in (127, 191):
+            lo = 2 * lo_k / (1 + hi_q) * 2**bits
+            hi = 2 * hi_k / (1 + lo_q) * 2**bits
+            assert math.floor(lo) == math.floor(hi) == _floor_scaled(table.scale, k, bits)
 
 
 def test_dlap_table_prefix_table_agrees_with_the_full_comparison():
