@@ -63,9 +63,11 @@ def _floor_scaled(scale: Fraction, k: int, bits: int) -> int:
         q = ctx.exp(ctx.minus(x))
         r = ctx.divide(ctx.multiply(decimal.Decimal(2), qk), ctx.add(decimal.Decimal(1), q))
         v = ctx.multiply(r, decimal.Decimal(1 << bits))  # int -> Decimal is exact
-        rel = (decimal.Decimal(4 * k) * x + 20) * decimal.Decimal(10) ** (1 - digits)
-        lo = ctx.multiply(v, 1 - rel).to_integral_value(rounding=decimal.ROUND_FLOOR)
-        hi = ctx.multiply(v, 1 + rel).to_integral_value(rounding=decimal.ROUND_FLOOR)
+        # every step in ctx: in the default 28-digit context 1 - rel would round to 1
+        rel = ctx.multiply(ctx.add(ctx.multiply(decimal.Decimal(4 * k), x), 20),
+                           ctx.power(decimal.Decimal(10), 1 - digits))
+        lo = ctx.multiply(v, ctx.subtract(1, rel)).to_integral_value(rounding=decimal.ROUND_FLOOR)
+        hi = ctx.multiply(v, ctx.add(1, rel)).to_integral_value(rounding=decimal.ROUND_FLOOR)
         if lo == hi:
             return int(lo)
         digits *= 2
