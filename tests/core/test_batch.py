@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency, chisquare, kstest
 
-from dpq_spark.core import agg_tree, approx_quantiles, ind_exp
+from dpq_spark.core import agg_tree, approx_quantiles, ind_exp, joint_exp
 from dpq_spark.core._dlap_table import DLapTable, _floor_scaled
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import dlap_scale
@@ -506,11 +506,11 @@ def test_validation_draws_nothing_and_echoes_no_data():
 def test_small_group_paths_reproduce_the_core_draw_for_draw(mechanism, fn):
     """IndExp and ApproxQuantiles on a few points (Python lists) make the core's draws in the core's
     order from the same float weights: one group with a seeded generator gives the core's output.
-    Ties, zero counts and values on the bounds included."""
+    Ties, zero counts, values on and beyond the bounds included."""
     rng = np.random.default_rng(5)
     for seed in range(60):
         n = seed % 8
-        x = rng.choice([1.0, 2.5, 2.5, 7.0, 9.99, 0.0, 10.0, 4.2], n)
+        x = rng.choice([1.0, 2.5, 2.5, 7.0, 9.99, 0.0, 10.0, 4.2, -np.inf, 11.0], n)
         c = rng.integers(0, 3, n)
         q = np.sort(rng.choice(np.arange(1, 20) / 20, 1 + seed % 9, replace=False))
         for relation in ("add_remove", "swap"):
@@ -555,3 +555,19 @@ def test_grid_indices_are_checked():
         _call(groups=[(np.array([0.5]), None)], grid_indices=True)
     with pytest.raises(TypeError, match=r"`grid_indices` must be True or False, got 1"):
         _call(grid_indices=1)
+
+
+@pytest.mark.parametrize("mechanism, fn", [("ind_exp", ind_exp), ("approx_quantiles", approx_quantiles),
+                                           ("joint_exp", joint_exp)])
+def test_larger_groups_and_values_off_the_bounds_reproduce_the_core(mechanism, fn):
+    """Groups beyond the small paths (over 64 rows; JointExp beyond enumeration) run the core's
+    samplers with the core's draws; values outside the bounds, also infinite, are clamped."""
+    rng = np.random.default_rng(43)
+    q = np.arange(1, 10) / 10
+    for seed, size in enumerate((20, 70, 150)):
+        x = np.concatenate((rng.normal(5, 3, size), [-np.inf, np.inf, -3.0, 12.0]))
+        c = rng.integers(0, 3, x.size)
+        want = fn(x, q, epsilon=1.0, lower=LOWER, upper=UPPER, counts=c, rng=np.random.default_rng(seed))
+        got = release_many([(x, c)], q, epsilon=1.0, lower=LOWER, upper=UPPER, mechanism=mechanism,
+                           rng=np.random.default_rng(seed)).values[0]
+        assert np.array_equal(got, want)
