@@ -46,9 +46,10 @@ Branches on private data. Which path a group takes (enumeration or the core's Jo
 Python lists or the core's objects for IndExp and ApproxQuantiles) depends on its size, which is
 private; every path samples the same distribution. The list paths make the core's very draws from
 the same float64 numbers. For JointExp both paths sample the exponential mechanism over grid
-tuples from float64 weights with exact draws: the enumerated log-weight of a sequence is a sum
-of at most ``3 m + 2`` correctly rounded terms of magnitude at most
-``M = 3 c n + m log(N + m) + 800`` (absolute error below ``gamma = 16 m 2**-52 M`` of
+tuples from float64 weights with exact draws: the enumerated log-weight of a sequence takes at
+most ``6 m + 6`` correctly rounded operations (differences, absolute values, logs, sums) on
+numbers of magnitude at most ``M = 3 c n + m log(N + m) + 800`` (absolute error below the
+``gamma = 16 m 2**-52 M`` of
 :mod:`dpq_spark.core.joint_exp`, "Guarantee as implemented"), one :func:`draw_index` picks the
 sequence and the multisets are exact, so each output's probability is within ``exp(theta)`` of
 the exact mechanism's, with the core's ``theta``; the core's sampler is within ``exp(theta)`` of
