@@ -42,13 +42,15 @@ def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, 
     ----------
     noisy : list of numpy.ndarray
         ``noisy[l]`` holds the noisy counts of the ``branching**l`` nodes of level ``l``,
-        ``l = 1 .. height``, left to right (``noisy[0]`` is ignored).
+        ``l = 1 .. height``, left to right (``noisy[0]`` is ignored). Leading axes, if any, index
+        independent trees aggregated at once (shape ``(..., branching**l)``).
     branching : int
         Children per node.
     variance : float
         Noise variance of every noisy count.
-    root : float or None
-        The exact root count when it is public (swap: n), else None (the root is not observed).
+    root : float, array or None
+        The exact root count when it is public (swap: n; one per tree with leading axes), else
+        None (the root is not observed).
 
     Returns
     -------
@@ -64,21 +66,26 @@ def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, 
     else). Each combination weights two independent estimates by inverse variance (Honaker 2015).
     """
     height = len(noisy) - 1
+    lead = np.shape(noisy[height])[:-1]  # leading axes: independent trees (batch), () for one
+
+    def up(a):  # children summed into their parent
+        return a.reshape(*a.shape[:-1], -1, branching).sum(axis=-1)
+
     low = [None] * (height + 1)
     var_low = np.zeros(height + 1)
     low[height] = noisy[height].astype(np.float64)
     var_low[height] = variance
     for level in range(height - 1, 0, -1):
-        child_sum = low[level + 1].reshape(-1, branching).sum(axis=1)
+        child_sum = up(low[level + 1])
         var_children = branching * var_low[level + 1]
         w = var_children / (variance + var_children)
         low[level] = w * noisy[level] + (1.0 - w) * child_sum
         var_low[level] = variance * var_children / (variance + var_children)
     if root is None:
-        low[0] = low[1].reshape(-1, branching).sum(axis=1)
+        low[0] = up(low[1])
         var_low[0] = branching * var_low[1]
     else:
-        low[0] = np.array([float(root)])
+        low[0] = np.asarray(root, dtype=np.float64).reshape(*lead, 1)
         var_low[0] = 0.0
 
     # high[l]: estimate of a node from everything outside its strict subtree. An unobserved root
@@ -93,8 +100,10 @@ def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, 
         if np.isinf(var_high[level - 1]):
             high[level], var_high[level], final[level] = noisy[level].astype(np.float64), variance, low[level]
             continue
-        sibling_sum = np.repeat(low[level].reshape(-1, branching).sum(axis=1), branching)
-        from_above = np.repeat(high[level - 1], branching) - (sibling_sum - low[level])
+        # parent-minus-siblings, by broadcasting over (..., parents, branching) (no repeats)
+        low_kids = low[level].reshape(*lead, -1, branching)
+        sibling_sum = low_kids.sum(axis=-1, keepdims=True)
+        from_above = (high[level - 1][..., None] - (sibling_sum - low_kids)).reshape(low[level].shape)
         var_above = var_high[level - 1] + (branching - 1) * var_low[level]
         # high: own noisy count combined with parent-minus-siblings.
         w_own = var_above / (variance + var_above)

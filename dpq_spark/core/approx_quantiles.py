@@ -130,17 +130,25 @@ def approx_quantiles(
     f, f_counts = grid.fine_indices(x, c, source)
     top = grid.fine_size - 1
     data = sort_data(f, f_counts, 0, top)
-    eps_level = request.epsilon / recursion_depth(request.m)
-    out = np.empty(request.m, dtype=np.int64)
+    return grid.release(_sample_indices(data, top, request.quantiles, request.epsilon, request.neighboring, source))
+
+
+def _sample_indices(data: SortedData, top: int, quantiles: np.ndarray, epsilon: float,
+                    relation: NeighboringRelation, source) -> np.ndarray:
+    """The recursion of :func:`approx_quantiles` on validated grid data (indices ``0..top``):
+    m sorted int64 grid indices. Shared with :mod:`dpq_spark.core.batch`."""
+    m = quantiles.size
+    eps_level = epsilon / recursion_depth(m)
+    out = np.empty(m, dtype=np.int64)
     # Work list of sub-problems: (data, first, last grid index, rescaled quantiles, output slots, top?).
     stack: list[tuple[SortedData, int, int, np.ndarray, np.ndarray, bool]] = [
-        (data, 0, top, request.quantiles, np.arange(request.m), True)
+        (data, 0, top, quantiles, np.arange(m), True)
     ]
     while stack:
-        sub, lo, hi, qs, slots, top = stack.pop()
+        sub, lo, hi, qs, slots, is_top = stack.pop()
         mid = qs.size // 2
         q_star = float(qs[mid])
-        delta_u = _sensitivity(q_star, request.neighboring, top)
+        delta_u = _sensitivity(q_star, relation, is_top)
         v = sample_grid_index(sub, lo, hi, q_star, eps_level, delta_u, source)
         out[slots[mid]] = v
         if mid > 0:
@@ -148,4 +156,4 @@ def approx_quantiles(
         if mid + 1 < qs.size:
             right_q = (qs[mid + 1 :] - q_star) / (1.0 - q_star)
             stack.append((sub.restrict(v, hi, include_hi=True), v, hi, right_q, slots[mid + 1 :], False))
-    return grid.release(np.sort(out))
+    return np.sort(out)

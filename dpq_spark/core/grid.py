@@ -206,6 +206,7 @@ def round_indices(f, jitter: int, grid: Grid) -> np.ndarray:
 # Exact draws
 
 _LEVELS = 1100  # float64 weights in (0, 1] have frexp exponents in [-1073, 1]
+_SMALL = 64  # up to this many weights, draw_index runs in plain Python (same draws, faster)
 
 
 def draw_index(log_w: np.ndarray, source) -> int:
@@ -223,6 +224,8 @@ def draw_index(log_w: np.ndarray, source) -> int:
     if log_w.size == 1:
         return 0
     w = np.exp(log_w - top)
+    if w.size <= _SMALL:
+        return _draw_small(w.tolist(), source)
     mant, expo = np.frexp(w)
     level = np.where(w > 0.0, 1 - expo, _LEVELS)
     per_level = np.bincount(level, minlength=_LEVELS + 1)[:_LEVELS]
@@ -247,6 +250,29 @@ def draw_index(log_w: np.ndarray, source) -> int:
             f = int(mant[r] * 2.0**53)  # exact: a 53-bit mantissa
             mant_int[r] = f
         if source.below(2**53) < f:
+            return r
+
+
+def _draw_small(w: list, source) -> int:
+    """:func:`draw_index` on a short list of weights in Python: the same levels, the same random
+    draws in the same order, so the same result (no numpy call per step)."""
+    levels: dict[int, list[int]] = {}
+    for r, x in enumerate(w):
+        if x > 0.0:
+            levels.setdefault(1 - math.frexp(x)[1], []).append(r)
+    used = sorted(levels)
+    deepest = used[-1]
+    units = [len(levels[L]) << (deepest - L) for L in used]
+    total = sum(units)
+    while True:
+        u = source.below(total)
+        for L, size in zip(used, units):
+            if u < size:
+                break
+            u -= size
+        members = levels[L]
+        r = members[source.below(len(members))]
+        if source.below(2**53) < int(math.frexp(w[r])[0] * 2.0**53):
             return r
 
 

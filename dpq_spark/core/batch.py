@@ -1,0 +1,545 @@
+"""Quantiles of many disjoint groups in one call: each group's own mechanism, at small-group cost.
+
+:func:`release_many` releases every group with exactly the distribution of calling the group's
+mechanism on that group alone (:func:`dpq_spark.core.auto`, :func:`~dpq_spark.core.joint_exp`,
+:func:`~dpq_spark.core.ind_exp`, :func:`~dpq_spark.core.approx_quantiles` or
+:func:`~dpq_spark.core.agg_tree`, with given bounds and the default granularity), all draws
+independent. What it saves is work that does not change a distribution:
+
+- *Public arguments once.* ``epsilon``, ``quantiles``, the bounds (and the public
+  :class:`~dpq_spark.core.grid.Grid`), ``neighboring``, the mechanism, AggTree's shape and the
+  noise scales are checked and built once per call, not once per group; the private values and
+  counts of all groups are checked in one pass.
+- *One source of randomness.* One :class:`~dpq_spark.core._random.RandomSource` for the batch
+  (the OS generator in production) instead of one per group. Draws from one uniform source are
+  independent whatever their order, so the groups stay independent.
+- *Auto's noisy counts in one draw* (one discrete Laplace array for all groups), then the public
+  rule (:func:`~dpq_spark.core.choose.choose_mechanism`) once per distinct noisy count.
+- *AggTree's noise in bulk*: every group's node counts get their noise from one exact table
+  sampler (:mod:`dpq_spark.core._dlap_table`, 16 random bits a draw), the bottom-up pass of the
+  Honaker aggregation runs on all groups of a chunk at once, and its top-down pass and the
+  descent run for all groups and quantiles together on the visited nodes' children only (the
+  descent reads nothing else), with the same floating-point operations in the same order as
+  :func:`~dpq_spark.core.agg_tree.honaker_aggregate` and ``_descend``, reproducing
+  :func:`numpy.searchsorted`'s binary search step for step (the aggregated counts may be
+  negative, so the cumulative sums need not be sorted). The same noise gives the same numbers.
+- *JointExp on few cells by enumeration.* A group whose mid-rank cells (those of
+  :mod:`dpq_spark.core.joint_exp`: the gap before the first point, each point, each gap after a
+  tied point) number K, with ``C(K + m - 1, m) <= ENUMERATE_MAX`` nondecreasing cell sequences,
+  draws its sequence ``s`` directly with probability proportional to
+  ``exp(c u(s)) prod_runs C(w_i + k_i - 1, k_i)`` (``k_i`` outputs in a cell of ``w_i`` grid
+  points; ``u`` the JointExp utility on the cells' mid-ranks), with
+  :func:`~dpq_spark.core.grid.draw_index`, then a uniform multiset of grid points in every run
+  (:func:`~dpq_spark.core.grid.uniform_multiset`). This is the exponential mechanism over sorted
+  grid tuples that :func:`~dpq_spark.core.joint_exp_indices` samples (each tuple's weight
+  ``exp(c u)`` depends on its cells only, and a cell holding k outputs offers ``C(w + k - 1, k)``
+  multisets), without band pruning or run truncation. An empty group has one cell (the whole
+  grid): a uniform multiset of m grid points. Larger groups use the core's sampler.
+- *IndExp and ApproxQuantiles* on at most 64 rows run the cores' recursions on Python lists: the
+  same cells, the same float64 log-weights (the same numpy expression) and the same draws in the
+  same order, so with a seeded generator one group's output is the core's, bit for bit; larger
+  groups call the cores' samplers on the snapped data.
+- *draw_index* (:mod:`dpq_spark.core.grid`) draws from short weight lists in plain Python, with
+  the same draws as before (this speeds up the per-group core mechanisms too).
+
+Branches on private data. Which path a group takes (enumeration or the core's JointExp sampler;
+Python lists or the core's objects for IndExp and ApproxQuantiles) depends on its size, which is
+private; every path samples the same distribution. The list paths make the core's very draws from
+the same float64 numbers. For JointExp both paths sample the exponential mechanism over grid
+tuples from float64 weights with exact draws: the enumerated log-weight of a sequence takes at
+most ``6 m + 6`` correctly rounded operations (differences, absolute values, logs, sums) on
+numbers of magnitude at most ``M = 3 c n + m log(N + m) + 800`` (absolute error below the
+``gamma = 16 m 2**-52 M`` of
+:mod:`dpq_spark.core.joint_exp`, "Guarantee as implemented"), one :func:`draw_index` picks the
+sequence and the multisets are exact, so each output's probability is within ``exp(theta)`` of
+the exact mechanism's, with the core's ``theta``; the core's sampler is within ``exp(theta)`` of
+its band-pruned target, ``2**-60`` in total variation from the exact mechanism. Whichever path a
+dataset and its neighbour take, the release is therefore ``(epsilon + eta, delta)``-DP with the
+core's ``eta = 2 theta`` and ``delta`` (the guarantee stated for :func:`~dpq_spark.core.joint_exp`).
+
+Seeds. With a seeded ``numpy.random.Generator`` the whole batch is reproducible, but a group's
+draws depend on its place in the batch and on the other groups (they share one stream). The
+per-key reproducibility of the Spark layer (``_group_rng``) is not kept; production
+(``rng=None``) has no seed at all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from dpq_spark.core._dlap_table import dlap_table
+from dpq_spark.core._random import resolve_rng
+from dpq_spark.core._samplers import dlap_scale
+from dpq_spark.core._sorted_data import sort_data
+from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
+from dpq_spark.core.agg_tree import _MAX_LEAVES
+from dpq_spark.core.approx_quantiles import _sample_indices as _approx_sample
+from dpq_spark.core.approx_quantiles import _sensitivity as _approx_sensitivity
+from dpq_spark.core.approx_quantiles import recursion_depth
+from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
+from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.grid import Grid, draw_index, uniform_multiset
+from dpq_spark.core.joint_exp import _grid_cells
+from dpq_spark.core.joint_exp import _sample_indices as _joint_sample
+from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
+from dpq_spark.core.single_quantile import GridCells
+
+__all__ = ["release_many", "BatchRelease", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
+
+#: The mechanisms :func:`release_many` runs (``"auto"`` picks among the other four).
+BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree")
+#: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
+#: up to three distinct points without ties).
+ENUMERATE_MAX = 4096
+_SMALL_POINTS = 64  # IndExp / ApproxQuantiles groups with at most this many rows use Python lists
+_CHUNK_NODES = 1 << 21  # AggTree: about this many node counts per chunk of groups (16 MiB each)
+
+
+class BatchRelease(NamedTuple):
+    """What :func:`release_many` returns.
+
+    Attributes
+    ----------
+    values : numpy.ndarray
+        Shape ``(G, m)``, float64: row g holds group g's m sorted estimates in ``[lower, upper]``.
+    mechanisms : list of str
+        The mechanism that ran for each group (for ``"auto"``, the one it picked).
+    """
+
+    values: np.ndarray
+    mechanisms: list
+
+
+def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_remove",
+                 mechanism="auto", rng=None, count_share=DEFAULT_COUNT_SHARE, branching=16,
+                 height=4, grid_indices=False) -> BatchRelease:
+    """Release the quantiles of many disjoint groups, each with its mechanism's own distribution.
+
+    Parameters
+    ----------
+    groups : sequence of (values, counts) pairs
+        One pair per group: ``values`` a 1-d array of floats (grid indices or cell midpoints
+        as floats are fine), ``counts`` their non-negative integer multiplicities (same length)
+        or None (one each). A group may be empty. Values are clamped to ``[lower, upper]``; NaN
+        is an error.
+    quantiles : array_like of float
+        Strictly increasing, each in (0, 1); the same m for every group.
+    epsilon : float
+        Each group's budget, finite and > 0.
+    lower, upper : float
+        Public, finite bounds with ``lower < upper``; releases lie on the default grid
+        ``Grid(lower, upper)`` (2**32 steps), as in the per-group core mechanisms.
+    neighboring : {"add_remove", "swap"} or NeighboringRelation
+    mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree"}
+        ``"auto"`` (default) is :func:`dpq_spark.core.auto` per group: under add/remove a noisy
+        count with ``count_share * epsilon``, then the public rule.
+    rng : numpy.random.Generator, RandomSource or None
+        ``None`` (production): the OS cryptographic generator, one source for the whole batch.
+        A seeded generator (tests, experiments) makes the batch reproducible as a whole (module
+        notes).
+    count_share : float
+        Share of epsilon for auto's noisy count (add/remove only), in (0, 1), default 0.05.
+    branching, height : int
+        AggTree's tree (defaults 16 and 4, as :func:`~dpq_spark.core.agg_tree`).
+    grid_indices : bool
+        ``True``: every group's first array holds integer indices ``0..N`` of
+        ``Grid(lower, upper)`` (e.g. computed by Spark) instead of values. The grid mechanisms
+        use them as they are; AggTree gets their grid values ``Grid.value(k)`` (whose snap is k
+        again), exactly as the core mechanisms called on those values.
+
+    Returns
+    -------
+    BatchRelease
+        ``values`` of shape ``(G, m)`` and the mechanism name of each group.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it (never echoing private values); raised before any draw.
+
+    Privacy
+    -------
+    Each group's release is its mechanism's: ``epsilon``-DP (pure) under ``neighboring``, one
+    row (one unit of a group's counts) as the unit, with the implementation's ``eta``/``delta``
+    of :mod:`dpq_spark.core.joint_exp` for the exponential-mechanism samplers (``"auto"``: the
+    noisy count and the chosen mechanism compose to ``epsilon``). The groups hold disjoint rows
+    and their draws are independent, so by parallel composition the whole batch is
+    ``epsilon``-DP when one row lies in at most one group; a unit contributing rows to several
+    groups needs the caller's scaling (group privacy), as in ``dp_quantiles``. Assumes the
+    bounds, quantiles, epsilon, mechanism and the list of groups (the keys) are public; the
+    group sizes are private and never leave a mechanism: auto branches only on its noisy
+    count, and the other branches (enumeration or the core's sampler, chunking) sample the same
+    distribution.
+    """
+    eps = check_epsilon(epsilon)
+    q = check_quantiles(quantiles)
+    grid = Grid(lower, upper)  # checks `lower` and `upper`
+    relation = NeighboringRelation.parse(neighboring)
+    if not isinstance(mechanism, str) or mechanism not in BATCH_MECHANISMS:
+        allowed = ", ".join(repr(k) for k in BATCH_MECHANISMS)
+        raise DPQValueError(f"`mechanism` must be one of {allowed}, got {mechanism!r}")
+    share = _check_share(count_share, "count_share")
+    b = check_positive_int(branching, "branching", minimum=2)
+    h = check_positive_int(height, "height", minimum=1)
+    if b**h > _MAX_LEAVES:
+        raise DPQValueError(f"`branching`**`height` must be <= 2**24 leaves, got {b}**{h}")
+    if not isinstance(grid_indices, bool):
+        raise TypeError(f"`grid_indices` must be True or False, got {grid_indices!r}")
+    x, counts, bounds = _check_groups(groups)
+    if grid_indices:
+        if np.any(x != np.floor(x)) or np.any(x < 0) or np.any(x > grid.steps):
+            raise DPQValueError(f"`groups` must hold grid indices in [0, {grid.steps}] with grid_indices=True")
+        snapped = x.astype(np.int64)
+        x = grid.value(snapped)
+    else:
+        snapped = None
+    source = resolve_rng(rng)
+
+    G, m = bounds.size - 1, int(q.size)
+    cum = np.concatenate(([0], np.cumsum(counts)))
+    n = cum[bounds[1:]] - cum[bounds[:-1]]  # private: used inside the mechanisms only
+    if mechanism == "auto":
+        names, mech_eps = _auto_names(n, m, eps, relation, share, source)
+    else:
+        names, mech_eps = [mechanism] * G, eps
+    values = np.empty((G, m), dtype=np.float64)
+    if G == 0:
+        return BatchRelease(values, names)
+    if snapped is None:
+        snapped = grid.snap(x)
+    by_name: dict[str, list[int]] = {}
+    for g, name in enumerate(names):
+        by_name.setdefault(name, []).append(g)
+    for name, members in by_name.items():
+        members = np.asarray(members, dtype=np.int64)
+        if name == "agg_tree":
+            values[members] = _agg_trees(x, counts, bounds, n, members, q, mech_eps, grid, relation,
+                                         b, h, source)
+            continue
+        for g in members:
+            lo, hi = int(bounds[g]), int(bounds[g + 1])
+            k, c = snapped[lo:hi], counts[lo:hi]
+            if name == "joint_exp":
+                idx = _joint_exp(k, c, q, mech_eps, relation, grid.size, source)
+            elif k.size > _SMALL_POINTS:
+                data = sort_data(k, c, 0, grid.size - 1)
+                if name == "ind_exp":
+                    idx = _ind_exp(data, q, mech_eps, relation, grid.size, source)
+                else:
+                    idx = _approx_sample(data, grid.size - 1, q, mech_eps, relation, source)
+            else:
+                points, mult = _distinct(k, c)
+                if name == "ind_exp":
+                    idx = _ind_exp_small(points, mult, q, mech_eps, relation, grid.size, source)
+                else:
+                    idx = _approx_small(points, mult, q, mech_eps, relation, grid.size - 1, source)
+            values[g] = grid.value(idx)
+    return BatchRelease(values, names)
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _check_groups(groups):
+    """All groups' values and counts concatenated, and the group boundaries (checked once)."""
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__len__"):
+        raise TypeError("`groups` must be a sequence of (values, counts) pairs")
+    xs, cs, sizes = [], [], []
+    for pair in groups:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError("`groups` must be a sequence of (values, counts) pairs")
+        v = np.asarray(pair[0], dtype=np.float64) if not isinstance(pair[0], np.ndarray) else pair[0]
+        if v.ndim != 1:
+            raise DPQValueError("`groups` values must be 1-d arrays")
+        c = np.ones(v.size, dtype=np.int64) if pair[1] is None else np.asarray(pair[1])
+        if c.ndim != 1 or c.size != v.size:
+            raise DPQValueError("`groups` counts must be 1-d with the length of their values")
+        xs.append(v)
+        cs.append(c)
+        sizes.append(v.size)
+    x = check_values(np.concatenate(xs) if xs else np.zeros(0), "groups")
+    counts = check_counts(np.concatenate(cs) if cs else np.zeros(0, dtype=np.int64), x.size,
+                          "groups' counts")
+    bounds = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64)))).astype(np.int64)
+    return x, counts, bounds
+
+
+def _auto_names(n, m, eps, relation, share, source):
+    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon."""
+    if relation is NeighboringRelation.SWAP:
+        n_used, rest = n, eps
+    else:
+        noisy = n + dlap_table(dlap_scale(1, share * eps)).sample(source, n.size)
+        n_used, rest = np.maximum(noisy, 0), (1.0 - share) * eps
+    choice = {int(v): choose_mechanism(m, n=float(v), epsilon=rest) for v in np.unique(n_used)}
+    return [choice[int(v)] for v in n_used], rest
+
+
+# --------------------------------------------------------------------------------------------
+# JointExp
+
+
+@functools.lru_cache(maxsize=512)
+def _sequences(K: int, m: int):
+    """All nondecreasing sequences of m cells of ``0..K-1`` (shape (S, m)), each output's place
+    in its run of equal cells minus one (float64) and ``log`` of its place."""
+    seqs = np.array(list(itertools.combinations_with_replacement(range(K), m)), dtype=np.int64)
+    seqs = seqs.reshape(-1, m)
+    before = np.zeros(seqs.shape, dtype=np.float64)  # outputs before this one in its run
+    for j in range(1, m):
+        before[:, j] = np.where(seqs[:, j] == seqs[:, j - 1], before[:, j - 1] + 1.0, 0.0)
+    return seqs, before, np.log(before + 1.0)
+
+
+def _joint_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
+    """One JointExp draw (m sorted grid indices) for one group's grid indices ``k``."""
+    c = eps / (2.0 * joint_exp_sensitivity(q, relation))
+    start, width, _, pos, n = _grid_cells(k, counts, size)
+    m = q.size
+    if math.comb(width.size + m - 1, m) > ENUMERATE_MAX:
+        return _joint_sample(k, counts, q, c, size, source)[0]
+    seqs, before, log_place = _sequences(int(width.size), m)
+    targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
+    ranks = pos[seqs]
+    gaps = np.diff(ranks, axis=1, prepend=0.0, append=float(n))
+    util = -np.abs(gaps - targets).sum(axis=1)
+    # log C(w + k - 1, k) of a run = sum over its outputs of log((w + place - 1) / place)
+    log_mult = (np.log(width[seqs] + before) - log_place).sum(axis=1)
+    seq = seqs[draw_index(c * util + log_mult, source)]
+    out = np.empty(m, dtype=np.int64)
+    j = 0
+    while j < m:  # one uniform multiset of grid points per run of equal cells
+        i = int(seq[j])
+        run = int(np.searchsorted(seq, i, side="right")) - j
+        out[j:j + run] = int(start[i]) + uniform_multiset(source, int(width[i]), run)
+        j += run
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# IndExp
+
+
+def _ind_exp(data, q, eps, relation, size, source) -> np.ndarray:
+    """One IndExp draw: m independent single-quantile draws with ``eps / m`` each, sorted."""
+    cells = GridCells.of(data, 0, size)
+    each = eps / q.size
+    out = [cells.sample(float(v), each, single_quantile_sensitivity(float(v), relation), source)
+           for v in q]
+    return np.sort(np.array(out, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------
+# Few points: IndExp and ApproxQuantiles on Python lists
+#
+# The same cells (GridCells.of), the same float64 log-weights (the same numpy expression), the
+# same draws in the same order as the core, without SortedData/GridCells objects: a seeded
+# generator gives the core's very outputs (tested).
+
+
+def _distinct(k, counts) -> tuple[list, list]:
+    """Distinct grid indices (sorted) and their multiplicities, zero counts dropped."""
+    keep = counts > 0
+    points, inverse = np.unique(k[keep], return_inverse=True)
+    mult = np.bincount(inverse, weights=counts[keep], minlength=points.size).astype(np.int64)
+    return points.tolist(), mult.tolist()
+
+
+def _cells(points, mult, first, stop):
+    """``GridCells.of`` on lists: starts, widths and mid-ranks of the cells, and n."""
+    if not points:
+        return [first], [stop - first], [0.0], 0
+    starts, widths, ranks = [first], [points[0] - first], [0.0]
+    below = 0
+    for i, (p, t) in enumerate(zip(points, mult)):
+        nxt = points[i + 1] if i + 1 < len(points) else stop
+        single = t == 1
+        starts += [p, p + 1]
+        widths += [nxt - p if single else 1, 0 if single else nxt - p - 1]
+        ranks += [below + (t + 1) / 2.0, float(below + t)]
+        below += t
+    keep = [i for i, w in enumerate(widths) if w > 0]
+    return [starts[i] for i in keep], [widths[i] for i in keep], [ranks[i] for i in keep], below
+
+
+def _draw_cell(cells, q, epsilon, sensitivity, source) -> int:
+    """``GridCells.sample``: one exponential-mechanism draw, a grid index."""
+    start, width, rank, n = cells
+    if len(width) == 1:
+        return start[0] + source.below(width[0])
+    scale = epsilon / (2.0 * sensitivity)
+    log_w = np.log(np.array(width, dtype=np.float64)) - scale * np.abs(np.array(rank) - q * n)
+    r = draw_index(log_w, source)
+    return start[r] + source.below(width[r])
+
+
+def _ind_exp_small(points, mult, q, eps, relation, size, source) -> np.ndarray:
+    cells = _cells(points, mult, 0, size)
+    each = eps / q.size
+    out = [_draw_cell(cells, float(v), each, single_quantile_sensitivity(float(v), relation), source)
+           for v in q]
+    return np.sort(np.array(out, dtype=np.int64))
+
+
+def _approx_small(points, mult, q, eps, relation, top, source) -> np.ndarray:
+    """The recursion of ``approx_quantiles._sample_indices`` on lists (same order of draws)."""
+    m = q.size
+    eps_level = eps / recursion_depth(m)
+    out = np.empty(m, dtype=np.int64)
+    stack = [(points, mult, 0, top, q, np.arange(m), True)]
+    while stack:
+        pts, mul, lo, hi, qs, slots, is_top = stack.pop()
+        mid = qs.size // 2
+        q_star = float(qs[mid])
+        delta_u = _approx_sensitivity(q_star, relation, is_top)
+        v = _draw_cell(_cells(pts, mul, lo, hi + 1), q_star, eps_level, delta_u, source)
+        out[slots[mid]] = v
+        cut_left = bisect.bisect_left(pts, v)  # points < v go left, points >= v right
+        if mid > 0:
+            stack.append((pts[:cut_left], mul[:cut_left], lo, v, qs[:mid] / q_star, slots[:mid], False))
+        if mid + 1 < qs.size:
+            cut_right = bisect.bisect_right(pts, hi)
+            right_q = (qs[mid + 1:] - q_star) / (1.0 - q_star)
+            stack.append((pts[cut_left:cut_right], mul[cut_left:cut_right], v, hi, right_q,
+                          slots[mid + 1:], False))
+    return np.sort(out)
+
+
+# --------------------------------------------------------------------------------------------
+# AggTree
+
+
+def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, source) -> np.ndarray:
+    """AggTree for the groups ``members``, chunk by chunk: exact histograms, bulk noise, batched
+    aggregation and descent. Returns shape ``(len(members), m)``."""
+    swap = relation is NeighboringRelation.SWAP
+    table = dlap_table(dlap_scale(h * (2 if swap else 1), eps))
+    leaves = b**h
+    nodes = sum(b**level for level in range(1, h + 1))
+    per_chunk = max(1, _CHUNK_NODES // nodes)
+    lower, upper = grid.lower, grid.upper
+    out = np.empty((members.size, q.size), dtype=np.float64)
+    for lo in range(0, members.size, per_chunk):
+        chunk = members[lo:lo + per_chunk]
+        G = chunk.size
+        # Noise for every node of every tree of the chunk, then the exact counts added in place
+        # (node counts are whole numbers below 2**53, so float64 sums are exact integers).
+        noise = table.sample(source, G * nodes, dtype=np.float64)
+        noisy = [None]
+        used = 0
+        for level in range(1, h + 1):
+            noisy.append(noise[used:used + G * b**level].reshape(G, b**level))
+            used += G * b**level
+        sizes = bounds[chunk + 1] - bounds[chunk]
+        if sizes.sum():
+            local = np.repeat(np.arange(G), sizes)
+            rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[chunk], sizes)
+            # the leaf of each value, as agg_tree's _leaf_histogram on the clamped values
+            v = np.clip(x[rows], lower, upper)
+            leaf = np.clip(np.floor((v - lower) / (upper - lower) * leaves).astype(np.int64), 0, leaves - 1)
+            weight = counts[rows].astype(np.float64)
+            for level in range(1, h + 1):
+                np.add.at(noisy[level], (local, leaf // b ** (h - level)), weight)
+        out[lo:lo + G] = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
+    return out
+
+
+def _post_process(noisy, b, scale, root, q, lower, upper) -> np.ndarray:
+    """AggTree's post-processing of noisy node counts of shape ``(G, b**l)``, with exactly the
+    numbers of :func:`~dpq_spark.core.agg_tree.agg_tree` per group: Honaker's bottom-up pass on
+    every node, then its top-down pass only on the children of the nodes the descent visits
+    (the descent reads nothing else), and the descent."""
+    qq = math.exp(-1.0 / float(scale))
+    variance = 2.0 * qq / (1.0 - qq) ** 2 if qq > 0.0 else 1.0
+    est = _aggregate_and_descend(noisy, b, variance, root, q, lower, upper)
+    return np.sort(np.clip(est, lower, upper), axis=1)
+
+
+def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndarray:
+    """:func:`~dpq_spark.core.agg_tree.honaker_aggregate` then ``_descend`` for every group and
+    quantile, the same floating-point operations in the same order on the nodes that matter."""
+    height = len(noisy) - 1
+    G, m = noisy[height].shape[0], q.size
+    # Bottom-up (every node), as honaker_aggregate.
+    low = [None] * (height + 1)
+    var_low = np.zeros(height + 1)
+    low[height] = np.asarray(noisy[height], dtype=np.float64)
+    var_low[height] = variance
+    for level in range(height - 1, 0, -1):
+        child_sum = low[level + 1].reshape(G, -1, b).sum(axis=-1)
+        var_children = b * var_low[level + 1]
+        w = var_children / (variance + var_children)
+        low[level] = w * noisy[level] + (1.0 - w) * child_sum
+        var_low[level] = variance * var_children / (variance + var_children)
+    if root is None:
+        low[0] = low[1].reshape(G, -1, b).sum(axis=-1)
+        var_low[0] = b * var_low[1]
+    else:
+        low[0] = np.asarray(root, dtype=np.float64).reshape(G, 1)
+        var_low[0] = 0.0
+    # Top-down along the descent paths only.
+    var_high = np.inf if root is None else 0.0
+    high = np.broadcast_to(low[0][:, :1], (G, m)).copy()  # high of the current node, per path
+    node = np.zeros((G, m), dtype=np.int64)
+    left = np.full((G, m), float(lower))
+    width = np.full((G, m), float(upper) - float(lower))
+    share = np.broadcast_to(q, (G, m)).astype(np.float64)
+    going = np.ones((G, m), dtype=bool)
+    rows = np.arange(G)[:, None]
+    for level in range(1, height + 1):
+        kids = node[..., None] * b + np.arange(b)  # (G, m, b) node indices
+        kids_low = low[level][rows[..., None], kids]
+        kids_noisy = noisy[level][rows[..., None], kids].astype(np.float64)
+        if np.isinf(var_high):
+            kids_high, final, var_high = kids_noisy, kids_low, variance
+        else:
+            sibling_sum = kids_low.sum(axis=-1, keepdims=True)
+            from_above = high[..., None] - (sibling_sum - kids_low)
+            var_above = var_high + (b - 1) * var_low[level]
+            w_own = var_above / (variance + var_above)
+            kids_high = w_own * kids_noisy + (1.0 - w_own) * from_above
+            var_high = variance * var_above / (variance + var_above)
+            w_low = var_above / (var_low[level] + var_above)
+            final = w_low * kids_low + (1.0 - w_low) * from_above
+        # The descent step of agg_tree._descend on the children's final estimates.
+        cum = np.cumsum(final, axis=-1)
+        total = cum[..., -1]
+        going &= total > 0
+        if not going.any():
+            break
+        target = share * total
+        child = np.minimum(_searchsorted_left(cum, target), b - 1)
+        mine = np.take_along_axis(final, child[..., None], axis=-1)[..., 0]
+        before = np.take_along_axis(cum, child[..., None], axis=-1)[..., 0] - mine
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.minimum(np.maximum((target - before) / mine, 0.0), 1.0)
+        share = np.where(going, np.where(mine > 0, ratio, 0.5), share)
+        high = np.where(going, np.take_along_axis(kids_high, child[..., None], axis=-1)[..., 0], high)
+        node = np.where(going, node * b + child, node)
+        new_width = width / b
+        left = np.where(going, left + child * new_width, left)
+        width = np.where(going, new_width, width)
+    return left + share * width
+
+
+def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(a[i], key[i], side="left")`` for every row, step for step the binary
+    search numpy runs for one key, also on rows that are not sorted."""
+    lo = np.zeros(key.shape, dtype=np.int64)
+    hi = np.full(key.shape, a.shape[-1], dtype=np.int64)
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = lo + ((hi - lo) >> 1)
+        val = np.take_along_axis(a, np.minimum(mid, a.shape[-1] - 1)[..., None], axis=-1)[..., 0]
+        less = val < key
+        lo = np.where(open_ & less, mid + 1, lo)
+        hi = np.where(open_ & ~less, mid, hi)
