@@ -98,7 +98,16 @@ def dp_quantiles(
         The public keys: a list of values (tuples when there are several ``group_by`` columns)
         or a DataFrame holding the ``group_by`` columns. Every listed key gets an answer, also
         one with no rows; rows whose key is not listed are dropped. Required with ``group_by``
-        unless ``delta`` is given.
+        unless ``delta`` is given. Nothing is cast: a listed value must have the Python type of
+        its column (``int`` for integral columns, not ``bool``; ``float`` for float/double,
+        where an ``int`` that converts exactly is accepted; ``str``; ``bytes``; ``bool``;
+        ``decimal.Decimal`` or ``int``; ``datetime.date``; a timezone-aware
+        ``datetime.datetime`` for timestamp and a naive one for timestamp_ntz; ``None`` for
+        the null key, ``float("nan")`` for the NaN key), and a DataFrame's key columns must
+        have the data's Spark types; anything else, a dict, a set or an empty list is an error
+        naming ``groups``. A list is turned into keys on the driver (no Spark job); duplicate
+        keys are dropped (``-0.0`` and ``0.0`` are one key, as are all NaNs, as in Spark's
+        grouping). A DataFrame's distinct keys are collected (one job).
     neighboring : {"add_remove", "swap"}
         Neighbouring relation. ``"swap"`` (n public) only without ``group_by`` and
         ``privacy_unit``.
@@ -137,14 +146,19 @@ def dp_quantiles(
     pyspark.sql.DataFrame
         The ``group_by`` columns, ``quantile`` (double), ``value`` (double) and ``mechanism``
         (string: the mechanism that ran for the group, e.g. what ``"auto"`` picked): one row per
-        group and quantile, sorted by group then quantile. The release is computed once, collected to
-        the driver (``|groups| x len(quantiles)`` rows) and returned as a DataFrame over those
-        local rows, so every action on it sees the same numbers.
+        group and quantile, sorted by group then quantile as ``orderBy(asc_nulls_first(key)...,
+        "quantile")`` would (null key first, NaN after every number). The key columns have the
+        ``group_by`` columns' types and hold the keys exactly as in the data or in ``groups``
+        (a null and a NaN key are two groups; 64-bit integers are never rounded). The release
+        is computed once, collected to the driver (``|groups| x len(quantiles)`` rows), sorted
+        there and returned as a DataFrame over those local rows (no ``orderBy``), so every
+        action on it sees the same numbers and ``collect()``/``show()`` run no Spark job.
 
     Raises
     ------
     TypeError, ValueError
         For any invalid argument, before any Spark job runs: the message names the argument.
+        (A ``groups`` DataFrame with no rows is found empty by the job that collects it.)
 
     Notes
     -----
@@ -154,14 +168,16 @@ def dp_quantiles(
     ``resolution`` rows) and the mechanism runs on the driver. Grouped, rows are hash
     partitioned by key (one shuffle, no sort); with public keys Spark packs the key's index and
     the cell into one int64 and ``mapInArrow`` streams the codes, with partition selection
-    ``mapInPandas`` streams keys and cells. Either way Python folds each partition into counts
+    ``mapInArrow`` streams the key columns (as Arrow arrays, never pandas) and cells. Either way Python folds each partition into counts
     per distinct (group, cell) every few million rows, so it never holds a group's raw rows and
     a group costs at most ``resolution`` counts however many rows it has. The mechanism sees
     cell midpoints with counts. Rounding to midpoints moves every value by at most
     ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at most that much to
     the error of every released quantile (about 4.8e-7 of the range at the default). The public
-    key list (``|groups|`` rows) is collected to the driver and joined (broadcast up to 200,000
-    keys); the release (``|groups| x len(quantiles)`` rows) is collected too.
+    keys (``|groups|`` rows; collected by one job when ``groups`` is a DataFrame) are joined
+    (broadcast up to 200,000 keys); the release (``|groups| x len(quantiles)`` rows) is
+    collected. A release runs one Spark job (two with a ``groups`` DataFrame) and logs one INFO
+    line with that count and its time.
 
     Without bounds, Spark cannot place values in cells of ``[lower, upper]``; instead each
     value goes to a bucket of a public log-scale grid, computed with built-ins from the value
@@ -254,6 +270,9 @@ def _public_keys(req: QuantileRequest) -> pa.Table | None:
         table = req.groups
     else:
         table = to_arrow(flow.key_frame(req.keys, req.groups))
+        if table.num_rows == 0:
+            raise ValueError("`groups` DataFrame holds no keys: give at least one key (a release "
+                             "over no groups would answer nothing)")
         table = pa.table({k: normalise(table.column(k).combine_chunks()) for k in req.keys})
     if req.seeded:
         rows = zip(*[table.column(k).to_pylist() for k in req.keys])
@@ -409,10 +428,16 @@ def _materialise(req: QuantileRequest, table) -> DataFrame:
 
     The order is Spark's ``orderBy(asc_nulls_first(key)..., "quantile")``; the result is a
     local relation with no ``orderBy``, so reading it runs no sort job. Only for key types that
-    :func:`dpq_spark.spark._keys.spark_order` does not order (nested types) does Spark sort.
+    :func:`dpq_spark.spark._keys.spark_order` does not order (nested types, strings with a
+    collation other than ``UTF8_BINARY``) does Spark sort.
     """
     spark = req.df.sparkSession
-    ordered = spark_order(table, req.keys) if req.keys else table
+    collated = any(getattr(req.df.schema[k].dataType, "collation", "UTF8_BINARY") != "UTF8_BINARY"
+                   for k in req.keys)  # pyspark 4: a string column with a non-binary collation
+    if not req.keys:
+        ordered = table
+    else:
+        ordered = None if collated else spark_order(table, req.keys)
     if ordered is not None:
         return create_dataframe(spark, ordered, _output_schema(req))
     out = create_dataframe(spark, table, _output_schema(req))
