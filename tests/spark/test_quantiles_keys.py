@@ -8,9 +8,13 @@ more than the tolerance. Each group's data lies in its own range for that reason
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import math
 import re
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pyarrow as pa
@@ -315,3 +319,69 @@ def test_normalise_leaves_other_types_alone():
     assert normalise(ints) is ints
     doubles = normalise(pa.array([-0.0, NAN, None], pa.float64())).to_pylist()
     assert math.copysign(1.0, doubles[0]) == 1.0 and math.isnan(doubles[1]) and doubles[2] is None
+
+
+# --------------------------------------------------------------------------------------------
+# Spark Connect: the same job counts and exact keys (own process: Connect needs its own driver)
+
+CONNECT_SCRIPT = textwrap.dedent('''
+    import json, logging, math, re, sys
+    from pyspark.sql import SparkSession, functions as F
+    from dpq_spark import dp_quantiles
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    log = logging.getLogger("dpq_spark.spark.quantiles")
+    log.setLevel(logging.INFO)
+    log.addHandler(Keep())
+    spark = (SparkSession.builder.master("local[2]").config("spark.api.mode", "connect")
+             .config("spark.connect.grpc.binding.port", "0").getOrCreate())
+    big = 2**60
+    rows = [(k, float(100 * i + j % 100)) for i, k in enumerate([big + 1, big + 2, None])
+            for j in range(300)]
+    df = spark.createDataFrame(rows, "g long, x double")
+    kw = dict(quantiles=[0.5], epsilon=1e7, lower=0.0, upper=1000.0)
+    cases = {"global": dict(), "list": dict(group_by="g", groups=[big + 1, big + 2, None]),
+             "frame": dict(group_by="g", groups=df.select("g")),
+             "select": dict(group_by="g", delta=1e-6)}
+    out = {"session": type(spark).__module__}
+    for name, extra in cases.items():
+        lines.clear()
+        result = dp_quantiles(df, "x", **kw, **extra).collect()
+        done = [m for m in lines if "released in" in m]
+        jobs = int(re.search(r", (\\d+) Spark job", done[0]).group(1))
+        out[name] = {"jobs": jobs, "lines": len(done),
+                     "rows": [[r[0], r["value"]] if "g" in r else [None, r["value"]]
+                              for r in result]}
+    with open(sys.argv[1], "w") as fh:
+        json.dump(out, fh)
+    spark.stop()
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.spark4
+def test_connect_counts_the_same_jobs_and_keeps_keys_exact(tmp_path):
+    from cluster import clean_environ
+
+    script = tmp_path / "connect_keys.py"
+    script.write_text(CONNECT_SCRIPT)
+    result_path = tmp_path / "connect_keys.json"
+    env = clean_environ()
+    env.update(SPARK_TESTING="1", PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, str(script), str(result_path)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(result_path.read_text())
+    assert result["session"].startswith("pyspark.sql.connect")
+    assert {k: (v["jobs"], v["lines"]) for k, v in result.items() if k != "session"} == \
+        {"global": (1, 1), "list": (1, 1), "frame": (2, 1), "select": (1, 1)}
+    for case in ("list", "frame", "select"):
+        rows = result[case]["rows"]
+        assert [r[0] for r in rows] == [None, BIG + 1, BIG + 2], case  # exact, null first
+        assert all(abs(v - m) < TOL for (_, v), m in zip(rows, [249.5, 49.5, 149.5])), case
