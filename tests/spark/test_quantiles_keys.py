@@ -391,3 +391,60 @@ def test_connect_counts_the_same_jobs_and_keeps_keys_exact(tmp_path):
         rows = result[case]["rows"]
         assert [r[0] for r in rows] == [None, BIG + 1, BIG + 2], case  # exact, null first
         assert all(abs(v - m) < TOL for (_, v), m in zip(rows, [249.5, 49.5, 149.5])), case
+
+
+# --------------------------------------------------------------------------------------------
+# The worker-side fold (pure pyarrow/numpy, no Spark)
+
+def _keyed_params(**kw):
+    from dpq_spark.spark._release import ReleaseParams
+
+    base = dict(keys=("k", "s"), quantiles=(0.5,), epsilon=1e9, lower=0.0, upper=64.0,
+                resolution=64, neighboring="add_remove", mechanism="joint_exp", base_seed=3)
+    base.update(kw)
+    return ReleaseParams(**base)
+
+
+def test_keyed_fold_counts_every_row_in_its_group_across_batches_and_merges(monkeypatch):
+    from dpq_spark.spark import _release
+    from dpq_spark.spark._release import CELL
+
+    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)  # force several merges of the fold
+    gen = np.random.default_rng(11)
+    n = 6000
+    kinds = [(BIG + 1, "a"), (BIG + 2, "a"), (None, "a"), (BIG + 1, None), (None, None)]
+    which = gen.integers(0, len(kinds), n)
+    cells = (which * 12 + gen.integers(0, 10, n)).astype(np.int64)  # group i in [12 i, 12 i + 10)
+    table = pa.table({"k": pa.array([kinds[i][0] for i in which], pa.int64()),
+                      "s": pa.array([kinds[i][1] for i in which], pa.string()),
+                      CELL: pa.array(cells, pa.int32())})
+    batches = table.to_batches(max_chunksize=333)
+    out = pa.Table.from_batches(list(_release.release_keyed_partition(iter(batches),
+                                                                      _keyed_params())))
+    assert out.column("k").type == pa.int64()
+    got = {(k, s): v for k, s, v in zip(out.column("k").to_pylist(), out.column("s").to_pylist(),
+                                        out.column("value").to_pylist())}
+    assert set(got) == set(kinds)
+    for i, key in enumerate(kinds):
+        midpoints = cells[which == i] + 0.5
+        lo, hi = np.percentile(midpoints, [45, 55])  # a merged or miscounted group leaves this
+        assert lo - 0.5 <= got[key] <= hi + 0.5, key
+
+
+def test_keyed_fold_tests_the_unit_count_not_the_row_count():
+    from dpq_spark.spark._release import CELL, UNITS
+
+    rows = 20
+    table = pa.table({"k": pa.array([1] * rows + [2] * rows, pa.int64()),
+                      "s": pa.array(["x"] * (2 * rows)),
+                      CELL: pa.array(list(range(rows)) * 2, pa.int32()),
+                      UNITS: pa.array([1] * rows + [1, 1] + [0] * (rows - 2), pa.int32())})
+    params = _keyed_params(threshold=10.0, noise_scale=1e-6, extra_columns=(UNITS,))
+    out = pa.Table.from_batches(list(_release_keyed(table, params)))
+    assert out.column("k").to_pylist() == [1]  # 20 units pass, 2 units (20 rows) do not
+
+
+def _release_keyed(table, params):
+    from dpq_spark.spark._release import release_keyed_partition
+
+    return release_keyed_partition(iter(table.to_batches(max_chunksize=7)), params)
