@@ -1,8 +1,9 @@
 """The per-group step of ``dp_quantiles``: grid-cell counts in, one DP release out.
 
-This runs inside ``mapInPandas`` on the executors (streaming each partition's rows) and on the
-driver when there is no grouping or a public key has no rows. It imports pandas, numpy and pyarrow only, never pyspark, so that it pickles by
-reference and stays cheap to import in a Python worker.
+This runs inside ``mapInArrow`` on the executors (streaming each partition's rows) and on the
+driver when there is no grouping or a public key has no rows. It imports pandas, numpy and
+pyarrow only, never pyspark, so that it pickles by reference and stays cheap to import in a
+Python worker.
 """
 
 from __future__ import annotations

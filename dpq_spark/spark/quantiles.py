@@ -14,9 +14,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dpq_spark.spark import _compat
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
-from dpq_spark.spark import _compat
 from dpq_spark.spark._compat import create_dataframe
 from dpq_spark.spark._keys import key_seed, normalise, spark_order
 from dpq_spark.spark._release import (
@@ -168,8 +168,9 @@ def dp_quantiles(
     ``resolution`` rows) and the mechanism runs on the driver. Grouped, rows are hash
     partitioned by key (one shuffle, no sort); with public keys Spark packs the key's index and
     the cell into one int64 and ``mapInArrow`` streams the codes, with partition selection
-    ``mapInArrow`` streams the key columns (as Arrow arrays, never pandas) and cells. Either way Python folds each partition into counts
-    per distinct (group, cell) every few million rows, so it never holds a group's raw rows and
+    ``mapInArrow`` streams the key columns (as Arrow arrays, never pandas) and cells. Either
+    way Python folds each partition into counts per distinct (group, cell) every few million
+    rows, so it never holds a group's raw rows and
     a group costs at most ``resolution`` counts however many rows it has. The mechanism sees
     cell midpoints with counts. Rounding to midpoints moves every value by at most
     ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at most that much to
