@@ -26,7 +26,7 @@ from dpq_spark.core._validation import (
     check_quantiles,
 )
 from dpq_spark.core.privacy import NeighboringRelation
-from dpq_spark.spark._compat import is_dataframe
+from dpq_spark.spark._compat import arrow_type, is_dataframe
 from dpq_spark.spark._mechanisms import get_mechanism
 from dpq_spark.spark._release import BUCKETS
 
@@ -160,12 +160,10 @@ def _check_groups(groups, keys: tuple[str, ...], fields: dict):
     if not columns[0]:
         raise ValueError("`groups` is empty: list at least one key (a release over no groups "
                          "would answer nothing)")
-    from pyspark.sql.pandas.types import to_arrow_type
-
     arrays = []
     for name, dtype, column in zip(keys, types, columns):
         try:
-            arrays.append(pa.array(column, type=to_arrow_type(dtype)))
+            arrays.append(pa.array(column, type=arrow_type(dtype)))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
             raise ValueError(f"`groups` values for `group_by` column {name!r} do not fit its "
                              f"type {dtype.simpleString()}") from None

@@ -32,8 +32,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-__all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "try_cast", "is_column",
-           "is_dataframe"]
+__all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "arrow_type", "arrow_schema",
+           "try_cast", "is_column", "is_dataframe"]
 
 SPARK_VERSION: tuple[int, int] = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
 _SPARK4 = SPARK_VERSION >= (4, 0)
@@ -81,6 +81,19 @@ def create_dataframe(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
     if len(pdf) == 0:
         return spark.createDataFrame([], schema=schema)
     return spark.createDataFrame(pdf, schema=schema)
+
+
+def arrow_type(data_type: T.DataType) -> pa.DataType:
+    """The Arrow type of a Spark type as dpq_spark moves it (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(data_type, timezone="UTC") if _SPARK4 else to_arrow_type(data_type)
+
+
+def arrow_schema(schema: T.StructType) -> pa.Schema:
+    """The Arrow schema of a Spark schema (timestamps in UTC)."""
+    return pa.schema([pa.field(f.name, arrow_type(f.dataType), nullable=f.nullable)
+                      for f in schema.fields])
 
 
 def try_cast(column: str, data_type) -> Column:

@@ -396,14 +396,12 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
     key are two keys and int64 keys keep all their bits. Each group's noisy unit count is tested
     against the threshold before its release; one job.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     extra = {UNITS: F.col(UNITS)} if req.privacy_unit is not None else {}
     params = dataclasses.replace(params, extra_columns=tuple(extra))
     cells = flow.partitioned_cells(rows, req.keys, req.lower, req.upper, req.resolution,
                                    list(extra.values()))
     schema = _output_schema(req)
-    arrow_schema = to_arrow_schema(schema)
+    arrow_schema = _compat.arrow_schema(schema)
 
     def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
         for batch in release_keyed_partition(batches, params):

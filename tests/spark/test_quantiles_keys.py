@@ -448,3 +448,28 @@ def _release_keyed(table, params):
     from dpq_spark.spark._release import release_keyed_partition
 
     return release_keyed_partition(iter(table.to_batches(max_chunksize=7)), params)
+
+
+def test_date_timestamp_decimal_binary_and_bool_keys_on_both_paths(spark):
+    import decimal
+
+    utc = datetime.timezone.utc
+    groups = {0: (datetime.date(2020, 1, 1), datetime.datetime(2020, 1, 1, 12, tzinfo=utc),
+                  decimal.Decimal("1.50"), b"\x00\xff", True),
+              1: (datetime.date(1969, 12, 31), datetime.datetime(1969, 12, 31, 23, 59, 59, 999999,
+                                                                 tzinfo=utc),
+                  decimal.Decimal("-2.25"), b"", False),
+              2: (None, None, None, None, None)}
+    ddl = "day date, ts timestamp, dec decimal(10,2), bin binary, flag boolean, x double"
+    df, medians = _frame(spark, groups, ddl, rows_per_group=101)
+    names = ["day", "ts", "dec", "bin", "flag"]
+    expected = {key: medians[i] for i, key in enumerate(groups.values())}
+    for kw in (dict(delta=1e-6), dict(groups=list(groups.values()))):
+        out = _release(df, names, **kw)
+        got = {tuple(r[k] for k in names): r["value"] for r in out.collect()}
+        got = {tuple(v.astimezone(utc) if isinstance(v, datetime.datetime) else
+                     bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in key): value
+               for key, value in got.items()}
+        assert set(got) == set(expected), kw
+        for key, median in expected.items():
+            assert abs(got[key] - median) < TOL, (kw, key)
