@@ -466,10 +466,9 @@ def test_date_timestamp_decimal_binary_and_bool_keys_on_both_paths(spark):
     expected = {key: medians[i] for i, key in enumerate(groups.values())}
     for kw in (dict(delta=1e-6), dict(groups=list(groups.values()))):
         out = _release(df, names, **kw)
-        got = {tuple(r[k] for k in names): r["value"] for r in out.collect()}
         got = {tuple(v.astimezone(utc) if isinstance(v, datetime.datetime) else
-                     bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in key): value
-               for key, value in got.items()}
+                     bytes(v) if isinstance(v, (bytes, bytearray)) else v
+                     for v in (r[k] for k in names)): r["value"] for r in out.collect()}
         assert set(got) == set(expected), kw
         for key, median in expected.items():
             assert abs(got[key] - median) < TOL, (kw, key)
