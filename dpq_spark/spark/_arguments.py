@@ -6,10 +6,14 @@ Messages name the argument and echo only public values (names, types, parameters
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
@@ -22,7 +26,7 @@ from dpq_spark.core._validation import (
     check_quantiles,
 )
 from dpq_spark.core.privacy import NeighboringRelation
-from dpq_spark.spark._compat import is_dataframe
+from dpq_spark.spark._compat import arrow_type, is_dataframe
 from dpq_spark.spark._mechanisms import get_mechanism
 from dpq_spark.spark._release import BUCKETS
 
@@ -45,7 +49,7 @@ class QuantileRequest:
     lower: float | None  # None (both): the bounds-free path
     upper: float | None
     keys: tuple[str, ...]
-    groups: object  # None, a DataFrame of keys, or a list of key tuples
+    groups: object  # None, a DataFrame of keys, or a pyarrow.Table of the listed keys
     neighboring: NeighboringRelation
     privacy_unit: str | None
     max_rows_per_unit: int
@@ -100,23 +104,44 @@ def _check_group_by(group_by, fields: dict) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _check_groups(groups, keys: tuple[str, ...]):
-    """Return None, a DataFrame of keys, or a deduplicated list of key tuples."""
+def _check_groups(groups, keys: tuple[str, ...], fields: dict):
+    """Return None, a DataFrame of keys, or a ``pyarrow.Table`` of the distinct listed keys.
+
+    Runs no Spark job. A ``groups`` DataFrame must hold the ``group_by`` columns with the same
+    Spark types (read from its schema). A list is checked value by value against the key
+    columns' types without any cast (an int is accepted for a float or double column when it
+    converts exactly, and for a decimal column); duplicate keys are dropped (first one kept),
+    with ``-0.0`` and ``0.0`` one key and every NaN one key, as Spark groups them.
+    """
     if groups is None:
         return None
     if not keys:
         raise ValueError("`groups` lists group keys, so it needs `group_by`")
     if is_dataframe(groups):
-        have = set(groups.columns)
+        have = {f.name: f.dataType for f in groups.schema.fields}
         missing = [k for k in keys if k not in have]
         if missing:
             raise ValueError(f"`groups` DataFrame lacks the `group_by` column(s) {missing!r}")
+        wrong = {k: have[k].simpleString() for k in keys if have[k] != fields[k].dataType}
+        if wrong:
+            want = {k: fields[k].dataType.simpleString() for k in wrong}
+            raise TypeError(
+                f"`groups` DataFrame columns must have the types of the `group_by` columns "
+                f"{want}, got {wrong}; cast them explicitly first"
+            )
         return groups
+    if isinstance(groups, Mapping):
+        raise TypeError("`groups` must be a list of keys or a DataFrame of keys, got a dict")
+    if isinstance(groups, (set, frozenset)):
+        raise TypeError("`groups` must be a list of keys or a DataFrame of keys, got a set "
+                        "(unordered); pass a list")
     if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
         raise TypeError(
             f"`groups` must be a list of keys or a DataFrame of keys, got {type(groups).__name__}"
         )
-    rows = []
+    types = [fields[k].dataType for k in keys]
+    columns: list[list] = [[] for _ in keys]
+    seen = set()
     for key in groups:
         if len(keys) == 1 and not isinstance(key, (tuple, list)):
             key = (key,)
@@ -125,11 +150,77 @@ def _check_groups(groups, keys: tuple[str, ...]):
                 f"`groups` entries must be tuples of {len(keys)} values (one per `group_by` "
                 f"column {list(keys)!r}), got {key!r}"
             )
-        rows.append(tuple(k.item() if isinstance(k, np.generic) else k for k in key))
-    try:
-        return list(dict.fromkeys(rows))
-    except TypeError:
-        raise TypeError("`groups` entries must be hashable values (numbers, strings, dates, None)") from None
+        values = tuple(_key_value(v, name, dtype) for v, name, dtype in zip(key, keys, types))
+        marker = tuple(("nan",) if isinstance(v, float) and v != v else v for v in values)
+        if marker in seen:
+            continue
+        seen.add(marker)
+        for column, value in zip(columns, values):
+            column.append(value)
+    if not columns[0]:
+        raise ValueError("`groups` is empty: list at least one key (a release over no groups "
+                         "would answer nothing)")
+    arrays = []
+    for name, dtype, column in zip(keys, types, columns):
+        try:
+            arrays.append(pa.array(column, type=arrow_type(dtype)))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            raise ValueError(f"`groups` values for `group_by` column {name!r} do not fit its "
+                             f"type {dtype.simpleString()}") from None
+    return pa.table(dict(zip(keys, arrays)))
+
+
+_KEY_TYPES = (  # Spark type -> the Python types a listed key of it may have (checked in order)
+    (T.BooleanType, (bool,)),
+    (T.IntegralType, (int,)),
+    (T.StringType, (str,)),
+    (T.BinaryType, (bytes, bytearray)),
+    (T.DecimalType, (decimal.Decimal, int)),
+    (T.TimestampNTZType, (datetime.datetime,)),
+    (T.TimestampType, (datetime.datetime,)),
+    (T.DateType, (datetime.date,)),
+)
+_INTEGRAL_BITS = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
+
+
+def _key_value(value, name: str, dtype):
+    """One listed key value checked against its column's Spark type, without any cast."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None:
+        return None
+    kind = dtype.simpleString()
+    if isinstance(dtype, (T.FloatType, T.DoubleType)):
+        if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)
+                                        and float(value) == value):
+            v = float(value)
+            return 0.0 if v == 0.0 else v  # -0.0 and 0.0 are one Spark key
+        raise TypeError(f"`groups` values must match the types of the `group_by` columns: "
+                        f"{name!r} is {kind} and needs float, got {type(value).__name__}")
+    for spark_type, python_types in _KEY_TYPES:
+        if not isinstance(dtype, spark_type):
+            continue
+        ok = isinstance(value, python_types) and not (
+            isinstance(value, bool) and spark_type is not T.BooleanType)
+        if spark_type is T.DateType and isinstance(value, datetime.datetime):
+            ok = False
+        if not ok:
+            need = " or ".join(t.__name__ for t in python_types)
+            raise TypeError(f"`groups` values must match the types of the `group_by` columns: "
+                            f"{name!r} is {kind} and needs {need}, got {type(value).__name__}")
+        if spark_type is T.TimestampType and value.tzinfo is None:
+            raise TypeError(f"`groups` values for the timestamp column {name!r} must be "
+                            f"timezone-aware datetimes (a naive one is ambiguous)")
+        if spark_type is T.TimestampNTZType and value.tzinfo is not None:
+            raise TypeError(f"`groups` values for the timestamp_ntz column {name!r} must be "
+                            f"naive datetimes")
+        bits = _INTEGRAL_BITS.get(type(dtype))
+        if bits is not None and not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+            raise ValueError(f"`groups` value for `group_by` column {name!r} is out of the "
+                             f"range of {kind}")
+        return bytes(value) if isinstance(value, bytearray) else value
+    raise TypeError(f"`groups` as a list is not supported for the {kind} `group_by` column "
+                    f"{name!r}; pass a DataFrame of keys instead")
 
 
 def parse_request(
@@ -201,7 +292,7 @@ def parse_request(
             f"`column` {column!r} must be numeric, got {fields[column].dataType.simpleString()}"
         )
     keys = _check_group_by(group_by, fields)
-    key_list = _check_groups(groups, keys)
+    key_list = _check_groups(groups, keys, fields)
     if privacy_unit is not None:
         _check_column_name(privacy_unit, "privacy_unit", fields)
     else:

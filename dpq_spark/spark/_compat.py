@@ -12,7 +12,8 @@ What differs:
   integers past 2**53).
 * ``createDataFrame`` accepts a ``pyarrow.Table`` from 4.0. On 3.5, :func:`create_dataframe`
   goes through pandas (with integer columns as Python objects, so nothing is rounded) and
-  Spark's Arrow conversion.
+  Spark's Arrow conversion; a table with a NaN in a floating column goes through Python rows
+  instead, because pandas' Arrow conversion would turn the NaN into a null.
 * ``Column.try_cast`` is new in 4.0. On 3.5, :func:`try_cast` writes the SQL ``try_cast``
   expression, which turns an unparsable value into null under ANSI mode too (so no value can
   appear in an error).
@@ -25,13 +26,14 @@ from __future__ import annotations
 import sys
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyspark
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-__all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "try_cast", "is_column",
-           "is_dataframe"]
+__all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "arrow_type", "arrow_schema",
+           "try_cast", "is_column", "is_dataframe"]
 
 SPARK_VERSION: tuple[int, int] = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
 _SPARK4 = SPARK_VERSION >= (4, 0)
@@ -70,11 +72,28 @@ def create_dataframe(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
     """A DataFrame over the local rows of ``table`` (column names and order as in ``schema``)."""
     if _SPARK4:
         return spark.createDataFrame(table, schema=schema)
+    if any(pa.types.is_floating(c.type) and pc.any(pc.is_nan(c)).as_py() for c in table.columns):
+        # pandas -> Arrow would turn NaN into null: go through Python rows (NaN stays NaN)
+        rows = [tuple(r[name] for name in table.column_names) for r in table.to_pylist()]
+        return spark.createDataFrame(rows, schema=schema)
     # integer_object_nulls: an integer column with a null stays integers (float64 would round)
     pdf = table.to_pandas(integer_object_nulls=True, date_as_object=True)
     if len(pdf) == 0:
         return spark.createDataFrame([], schema=schema)
     return spark.createDataFrame(pdf, schema=schema)
+
+
+def arrow_type(data_type: T.DataType) -> pa.DataType:
+    """The Arrow type of a Spark type as dpq_spark moves it (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(data_type, timezone="UTC") if _SPARK4 else to_arrow_type(data_type)
+
+
+def arrow_schema(schema: T.StructType) -> pa.Schema:
+    """The Arrow schema of a Spark schema (timestamps in UTC)."""
+    return pa.schema([pa.field(f.name, arrow_type(f.dataType), nullable=f.nullable)
+                      for f in schema.fields])
 
 
 def try_cast(column: str, data_type) -> Column:

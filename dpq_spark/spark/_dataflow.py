@@ -10,9 +10,7 @@ from functools import reduce
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from dpq_spark.spark._compat import is_dataframe
 from dpq_spark.spark._release import (
     BUCKET_BITS,
     BUCKET_CAP,
@@ -37,20 +35,10 @@ _GROUP_RANK = "__dpq_group_rank"
 _ROW_RANK = "__dpq_row_rank"
 
 
-def key_frame(df: DataFrame, keys: tuple[str, ...], groups) -> DataFrame:
-    """The public keys as a distinct DataFrame with the key columns typed as in ``df``."""
-    spark = df.sparkSession
-    fields = [T.StructField(k, df.schema[k].dataType, True) for k in keys]
-    if is_dataframe(groups):
-        frame = groups.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in fields])
-        return frame.distinct()
-    try:
-        return spark.createDataFrame(groups, schema=T.StructType(fields))
-    except (TypeError, ValueError) as exc:
-        types = {f.name: f.dataType.simpleString() for f in fields}
-        raise TypeError(
-            f"`groups` values must match the types of the `group_by` columns {types}: {exc}"
-        ) from None
+def key_frame(keys: tuple[str, ...], groups: DataFrame) -> DataFrame:
+    """The distinct public keys of a ``groups`` DataFrame (its key columns were checked to have
+    the key types of the data, so no cast is needed)."""
+    return groups.select(*[F.col(k) for k in keys]).distinct()
 
 
 def clean_rows(req) -> DataFrame:

@@ -1,8 +1,9 @@
 """The per-group step of ``dp_quantiles``: grid-cell counts in, one DP release out.
 
-This runs inside ``mapInPandas`` on the executors (streaming each partition's rows) and on the
-driver when there is no grouping or a public key has no rows. It imports pandas and numpy only, never pyspark, so that it pickles by
-reference and stays cheap to import in a Python worker.
+This runs inside ``mapInArrow`` on the executors (streaming each partition's rows) and on the
+driver when there is no grouping or a public key has no rows. It imports pandas, numpy and
+pyarrow only, never pyspark, so that it pickles by reference and stays cheap to import in a
+Python worker.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import discrete_laplace
@@ -19,7 +21,7 @@ from dpq_spark.spark._mechanisms import get_mechanism
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams", "cell_values",
            "release_group", "release_counts", "release_values", "release_partition", "CODE", "GID",
            "BUCKET_BITS", "BUCKET_EMIN", "BUCKET_EMAX", "BUCKET_FLOOR", "BUCKET_CAP",
-           "BUCKET_OFFSET", "BUCKETS", "bucket_index", "bucket_values"]
+           "BUCKET_OFFSET", "BUCKETS", "bucket_index", "bucket_values", "release_keyed_partition"]
 
 # Internal column names of the aggregated frame (the "__dpq_" prefix is reserved).
 CELL = "__dpq_cell"
@@ -342,3 +344,72 @@ def _frame(keys: dict, params: ReleaseParams, values: np.ndarray, mechanism: str
     data["value"] = values
     data[MECHANISM] = pd.Series([mechanism] * m, dtype=object)
     return pd.DataFrame(data)
+
+
+def release_keyed_partition(batches, params: ReleaseParams):
+    """``mapInArrow`` body for keys from partition selection: Arrow batches in and out.
+
+    Each input row is one kept data row: the key columns, ``CELL`` and, with a privacy unit,
+    ``UNITS``. Keys are numbered with :class:`dpq_spark.spark._keys.KeyIndex` (pyarrow, never
+    pandas: null and NaN are distinct keys, int64 keys stay exact), then folded into counts per
+    distinct (key, cell) exactly as the public-key path folds its codes. Each group is released
+    (or dropped by the partition-selection threshold); the output batches carry the key columns
+    as the same Arrow arrays the keys came in, ``quantile``, ``value`` and ``MECHANISM``.
+    """
+    from dpq_spark.spark._keys import KeyIndex, key_seed
+
+    index = KeyIndex(params.keys)
+    res = params.resolution
+    with_units = UNITS in params.extra_columns
+    units = np.zeros(0, dtype=np.int64)
+    acc_codes = np.zeros(0, dtype=np.int64)
+    acc_counts = np.zeros(0, dtype=np.int64)
+    chunks: list[np.ndarray] = []
+    buffered = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        gids = index.gids([batch.column(k) for k in params.keys])
+        cells = batch.column(CELL).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        chunks.append(gids * res + cells)
+        buffered += batch.num_rows
+        if with_units:
+            weights = batch.column(UNITS).to_numpy(zero_copy_only=False).astype(np.float64)
+            add = np.bincount(gids, weights=weights, minlength=index.size).astype(np.int64)
+            units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
+        if buffered >= _COMPACT_ROWS:
+            acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
+            chunks, buffered = [], 0
+    if chunks:
+        acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
+    if acc_codes.size == 0:
+        return
+    keys = index.table()
+    group_of = acc_codes // res
+    cells = acc_codes - group_of * res
+    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
+    ends = np.r_[starts[1:], len(group_of)]
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    for lo in range(0, len(starts), _OUTPUT_GROUPS):
+        take, quantile, values, names = [], [], [], []
+        for a, b in zip(starts[lo:lo + _OUTPUT_GROUPS], ends[lo:lo + _OUTPUT_GROUPS]):
+            gid = int(group_of[a])
+            seed = key_seed(index.values[gid]) if params.base_seed is not None else 0
+            out = release_values(cells[a:b], acc_counts[a:b], int(units[gid]) if with_units
+                                 else None, seed, params)
+            if out is None:  # dropped by partition selection
+                continue
+            group_values, name = out
+            take.append(np.full(len(group_values), gid, dtype=np.int64))
+            quantile.append(q[:len(group_values)])
+            values.append(group_values)
+            names += [name] * len(group_values)
+        if not take:
+            continue
+        picked = keys.take(pa.array(np.concatenate(take), type=pa.int64()))
+        arrays = [picked.column(k).combine_chunks() for k in params.keys]
+        arrays += [pa.array(np.concatenate(quantile), type=pa.float64()),
+                   pa.array(np.concatenate(values), type=pa.float64()),
+                   pa.array(names, type=pa.string())]
+        yield pa.RecordBatch.from_arrays(arrays, names=[*params.keys, "quantile", "value",
+                                                        MECHANISM])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import time
@@ -13,9 +14,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dpq_spark.spark import _compat
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
-from dpq_spark.spark._compat import create_dataframe, to_arrow
+from dpq_spark.spark._compat import create_dataframe
+from dpq_spark.spark._keys import key_seed, normalise, spark_order
 from dpq_spark.spark._release import (
     CELL,
     CODE,
@@ -26,6 +29,7 @@ from dpq_spark.spark._release import (
     UNITS,
     ReleaseParams,
     release_group,
+    release_keyed_partition,
     release_partition,
 )
 from dpq_spark.spark._selection import laplace_scale, selection_threshold
@@ -36,6 +40,16 @@ logger = logging.getLogger(__name__)
 
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
+_ACTIONS: contextvars.ContextVar = contextvars.ContextVar("dpq_spark_actions", default=None)
+
+
+def to_arrow(df: DataFrame) -> pa.Table:
+    """Collect ``df`` (:func:`dpq_spark.spark._compat.to_arrow`), counting it as one Spark job of
+    the running release. Every job a release runs goes through here."""
+    counter = _ACTIONS.get()
+    if counter is not None:
+        counter[0] += 1
+    return _compat.to_arrow(df)
 
 
 def dp_quantiles(
@@ -84,7 +98,16 @@ def dp_quantiles(
         The public keys: a list of values (tuples when there are several ``group_by`` columns)
         or a DataFrame holding the ``group_by`` columns. Every listed key gets an answer, also
         one with no rows; rows whose key is not listed are dropped. Required with ``group_by``
-        unless ``delta`` is given.
+        unless ``delta`` is given. Nothing is cast: a listed value must have the Python type of
+        its column (``int`` for integral columns, not ``bool``; ``float`` for float/double,
+        where an ``int`` that converts exactly is accepted; ``str``; ``bytes``; ``bool``;
+        ``decimal.Decimal`` or ``int``; ``datetime.date``; a timezone-aware
+        ``datetime.datetime`` for timestamp and a naive one for timestamp_ntz; ``None`` for
+        the null key, ``float("nan")`` for the NaN key), and a DataFrame's key columns must
+        have the data's Spark types; anything else, a dict, a set or an empty list is an error
+        naming ``groups``. A list is turned into keys on the driver (no Spark job); duplicate
+        keys are dropped (``-0.0`` and ``0.0`` are one key, as are all NaNs, as in Spark's
+        grouping). A DataFrame's distinct keys are collected (one job).
     neighboring : {"add_remove", "swap"}
         Neighbouring relation. ``"swap"`` (n public) only without ``group_by`` and
         ``privacy_unit``.
@@ -123,14 +146,19 @@ def dp_quantiles(
     pyspark.sql.DataFrame
         The ``group_by`` columns, ``quantile`` (double), ``value`` (double) and ``mechanism``
         (string: the mechanism that ran for the group, e.g. what ``"auto"`` picked): one row per
-        group and quantile, sorted by group then quantile. The release is computed once, collected to
-        the driver (``|groups| x len(quantiles)`` rows) and returned as a DataFrame over those
-        local rows, so every action on it sees the same numbers.
+        group and quantile, sorted by group then quantile as ``orderBy(asc_nulls_first(key)...,
+        "quantile")`` would (null key first, NaN after every number). The key columns have the
+        ``group_by`` columns' types and hold the keys exactly as in the data or in ``groups``
+        (a null and a NaN key are two groups; 64-bit integers are never rounded). The release
+        is computed once, collected to the driver (``|groups| x len(quantiles)`` rows), sorted
+        there and returned as a DataFrame over those local rows (no ``orderBy``), so every
+        action on it sees the same numbers and ``collect()``/``show()`` run no Spark job.
 
     Raises
     ------
     TypeError, ValueError
         For any invalid argument, before any Spark job runs: the message names the argument.
+        (A ``groups`` DataFrame with no rows is found empty by the job that collects it.)
 
     Notes
     -----
@@ -140,14 +168,17 @@ def dp_quantiles(
     ``resolution`` rows) and the mechanism runs on the driver. Grouped, rows are hash
     partitioned by key (one shuffle, no sort); with public keys Spark packs the key's index and
     the cell into one int64 and ``mapInArrow`` streams the codes, with partition selection
-    ``mapInPandas`` streams keys and cells. Either way Python folds each partition into counts
-    per distinct (group, cell) every few million rows, so it never holds a group's raw rows and
+    ``mapInArrow`` streams the key columns (as Arrow arrays, never pandas) and cells. Either
+    way Python folds each partition into counts per distinct (group, cell) every few million
+    rows, so it never holds a group's raw rows and
     a group costs at most ``resolution`` counts however many rows it has. The mechanism sees
     cell midpoints with counts. Rounding to midpoints moves every value by at most
     ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at most that much to
     the error of every released quantile (about 4.8e-7 of the range at the default). The public
-    key list (``|groups|`` rows) is collected to the driver and joined (broadcast up to 200,000
-    keys); the release (``|groups| x len(quantiles)`` rows) is collected too.
+    keys (``|groups|`` rows; collected by one job when ``groups`` is a DataFrame) are joined
+    (broadcast up to 200,000 keys); the release (``|groups| x len(quantiles)`` rows) is
+    collected. A release runs one Spark job (two with a ``groups`` DataFrame) and logs one INFO
+    line with that count and its time.
 
     Without bounds, Spark cannot place values in cells of ``[lower, upper]``; instead each
     value goes to a bucket of a public log-scale grid, computed with built-ins from the value
@@ -211,20 +242,45 @@ def dp_quantiles(
     logger.info("dp_quantiles: column=%r keys=%r m=%d epsilon=%g mechanism=%s resolution=%d",
                 req.column, list(req.keys), len(req.quantiles), req.epsilon, req.mechanism,
                 req.resolution)
-    key_table = None
-    if req.groups is not None:  # public keys: collect them (|groups| rows) and index them
-        key_df = flow.key_frame(req.df, req.keys, req.groups)
-        key_table = to_arrow(key_df.select(*req.keys, _key_hash(req.keys)))
-    params, rows = _plan(req, key_table)
-    if key_table is not None:
-        table = _release_public_keys(req, params, rows, key_table)
-    elif req.keys:
-        table = _release_selected_keys(req, params, rows)
-    else:
-        table = _release_global(req, params, rows)
-    out = _materialise(req, table)
-    logger.info("dp_quantiles: released in %.2fs", time.perf_counter() - started)
+    jobs = [0]
+    token = _ACTIONS.set(jobs)
+    try:
+        key_table = _public_keys(req)
+        params, rows = _plan(req, key_table)
+        if key_table is not None:
+            path, table = "public keys", _release_public_keys(req, params, rows, key_table)
+        elif req.keys:
+            path, table = "partition selection", _release_selected_keys(req, params, rows)
+        else:
+            path, table = "global", _release_global(req, params, rows)
+        out = _materialise(req, table)
+    finally:
+        _ACTIONS.reset(token)
+    logger.info("dp_quantiles: released in %.2fs, %d Spark job(s), path=%s",
+                time.perf_counter() - started, jobs[0], path)
     return out
+
+
+def _public_keys(req: QuantileRequest) -> pa.Table | None:
+    """The public keys as an Arrow table with ``KEY_HASH`` (a per-key seed offset, used only
+    when the caller passed a Generator; 0 otherwise). A list was turned into a table while
+    validating (no job); a DataFrame's distinct keys are collected (one job)."""
+    if req.groups is None:
+        return None
+    if isinstance(req.groups, pa.Table):
+        table = req.groups
+    else:
+        table = to_arrow(flow.key_frame(req.keys, req.groups))
+        if table.num_rows == 0:
+            raise ValueError("`groups` DataFrame holds no keys: give at least one key (a release "
+                             "over no groups would answer nothing)")
+        table = pa.table({k: normalise(table.column(k).combine_chunks()) for k in req.keys})
+    if req.seeded:
+        rows = zip(*[table.column(k).to_pylist() for k in req.keys])
+        hashes = [key_seed(values) for values in rows]
+    else:
+        hashes = [0] * table.num_rows
+    return table.append_column(KEY_HASH, pa.array(hashes, type=pa.int64()))
 
 
 def _plan(req: QuantileRequest, key_table):
@@ -281,10 +337,6 @@ def _output_schema(req: QuantileRequest) -> T.StructType:
     return T.StructType(fields)
 
 
-def _key_hash(keys):
-    return F.xxhash64(*[F.col(k) for k in keys]).alias(KEY_HASH)
-
-
 def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
     """Public keys: stream ``GID * resolution + cell`` codes through ``mapInArrow``.
 
@@ -338,21 +390,26 @@ def _chunks(array):
 
 
 def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
-    """Keys from DP partition selection: stream key columns and cells through ``mapInPandas``;
-    each group's noisy unit count is tested against the threshold before its release."""
-    extra = {}
-    if req.privacy_unit is not None:
-        extra[UNITS] = F.col(UNITS)
-    if params.base_seed is not None:  # seeded (tests): per-group seed from a stable key hash
-        extra[KEY_HASH] = _key_hash(req.keys)
+    """Keys from DP partition selection: stream key columns and cells through ``mapInArrow``.
+
+    The keys stay Arrow arrays of their Spark types end to end (no pandas): a null and a NaN
+    key are two keys and int64 keys keep all their bits. Each group's noisy unit count is tested
+    against the threshold before its release; one job.
+    """
+    extra = {UNITS: F.col(UNITS)} if req.privacy_unit is not None else {}
     params = dataclasses.replace(params, extra_columns=tuple(extra))
     cells = flow.partitioned_cells(rows, req.keys, req.lower, req.upper, req.resolution,
                                    list(extra.values()))
+    schema = _output_schema(req)
+    arrow_schema = _compat.arrow_schema(schema)
 
     def fn(batches):  # no type hints: pyspark must not try to infer an eval type (nor print params)
-        return release_partition(batches, params)
+        for batch in release_keyed_partition(batches, params):
+            yield pa.RecordBatch.from_arrays(
+                [column.cast(field.type) for column, field in zip(batch.columns, arrow_schema)],
+                schema=arrow_schema)
 
-    return to_arrow(cells.mapInPandas(fn, schema=_output_schema(req)))
+    return to_arrow(cells.mapInArrow(fn, schema=schema))
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
@@ -366,7 +423,21 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
 
 
 def _materialise(req: QuantileRequest, table) -> DataFrame:
-    """Return a DataFrame over the collected rows, sorted by key then quantile."""
+    """Return a DataFrame over the released rows, sorted on the driver by key then quantile.
+
+    The order is Spark's ``orderBy(asc_nulls_first(key)..., "quantile")``; the result is a
+    local relation with no ``orderBy``, so reading it runs no sort job. Only for key types that
+    :func:`dpq_spark.spark._keys.spark_order` does not order (nested types, strings with a
+    collation other than ``UTF8_BINARY``) does Spark sort.
+    """
     spark = req.df.sparkSession
+    collated = any(getattr(req.df.schema[k].dataType, "collation", "UTF8_BINARY") != "UTF8_BINARY"
+                   for k in req.keys)  # pyspark 4: a string column with a non-binary collation
+    if not req.keys:
+        ordered = table
+    else:
+        ordered = None if collated else spark_order(table, req.keys)
+    if ordered is not None:
+        return create_dataframe(spark, ordered, _output_schema(req))
     out = create_dataframe(spark, table, _output_schema(req))
     return out.orderBy(*[F.col(k).asc_nulls_first() for k in req.keys], "quantile")

@@ -142,4 +142,8 @@ def test_bounds_free_with_partition_selection_and_privacy_unit(spark):
     assert sorted(set(out["k"])) == ["a", "b"] and set(out["mechanism"]) == {"joint_exp"}
     for key, part in out.groupby("k"):
         truth = np.quantile(pdf.loc[pdf["k"] == key, "x"], [0.1, 0.5, 0.9])
-        assert np.max(np.abs(part["value"].to_numpy() / truth - 1.0)) < 0.1  # seeded: < 4%
+        # per-group epsilon 0.25 (half to selection, 2 rows per unit): over 12 seeds x 2 groups
+        # the worst relative error was 0.25 (0.10 quantile; mean 0.06), so 0.1 held for only
+        # some seeds; the seeded value depends on the per-group seed, which changed with the
+        # Arrow key path (key_seed instead of Spark's xxhash64)
+        assert np.max(np.abs(part["value"].to_numpy() / truth - 1.0)) < 0.3

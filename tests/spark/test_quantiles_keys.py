@@ -1,0 +1,480 @@
+"""Group keys exactly as in the data, `groups` checked before any job, and the jobs a release runs.
+
+Huge epsilon makes every group's median its data's median within a small tolerance, so a key
+merged with another one, or a row counted in the wrong group, moves a released median by far
+more than the tolerance. Each group's data lies in its own range for that reason.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark")
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import types as T  # noqa: E402
+
+from dpq_spark import dp_quantiles  # noqa: E402
+from dpq_spark.spark._compat import SPARK_VERSION, create_dataframe  # noqa: E402
+from dpq_spark.spark._keys import KeyIndex, factorise, normalise, spark_order  # noqa: E402
+
+HUGE = 1e7
+TOL = 1.0  # >= the spacing of a group's values (a released median lies between two of them)
+BIG = 2**60
+NAN = float("nan")
+LOGGER = "dpq_spark.spark.quantiles"
+
+
+def _median(values) -> float:
+    return float(np.median(np.asarray(values, dtype=np.float64)))
+
+
+def _frame(spark, groups: dict, ddl: str, rows_per_group: int = 201):
+    """One row per value; group ``i`` (in ``groups`` order) holds ``100 i + 0 .. 100 i + 99``
+    spread evenly, so its median is ``100 i + 49.5``; returns the frame and the medians."""
+    rows, medians = [], {}
+    for i, key in enumerate(groups):
+        values = np.linspace(100 * i, 100 * i + 99, rows_per_group)
+        medians[i] = _median(values)
+        rows += [(*groups[key], float(v)) for v in values]
+    return spark.createDataFrame(rows, ddl), medians
+
+
+def _release(df, keys, **kw):
+    base = dict(quantiles=[0.5], epsilon=HUGE, lower=0.0, upper=1000.0, group_by=keys,
+                rng=np.random.default_rng(7))
+    base.update(kw)
+    return dp_quantiles(df, "x", **base)
+
+
+def _marker(value):
+    return "nan" if isinstance(value, float) and math.isnan(value) else value
+
+
+def _released(out, keys):
+    """{key tuple (NaN as "nan"): median} read from one collect()."""
+    got = {}
+    for row in out.collect():
+        key = tuple(_marker(row[k]) for k in keys)
+        assert key not in got, f"key {key!r} released twice"
+        got[key] = row["value"]
+    return got
+
+
+# --------------------------------------------------------------------------------------------
+# Keys exact on both key paths
+
+def test_big_int_keys_with_a_null_stay_exact_on_both_paths(spark):
+    """2**60 + 1 and 2**60 + 2 are two keys next to a null (pandas made them one float key)."""
+    groups = {"a": (BIG + 1,), "b": (BIG + 2,), "null": (None,), "c": (-BIG - 1,)}
+    df, medians = _frame(spark, groups, "g long, x double")
+    expected = {(key[0],): medians[i] for i, key in enumerate(groups.values())}
+    for kw in (dict(delta=1e-6), dict(groups=[k for (k,) in groups.values()])):
+        out = _release(df, "g", **kw)
+        assert out.schema["g"].dataType == T.LongType()
+        got = _released(out, ["g"])
+        assert set(got) == set(expected)
+        for key, median in expected.items():
+            assert abs(got[key] - median) < TOL, key
+
+
+def test_null_nan_and_signed_zero_keys_on_both_paths(spark):
+    """Null and NaN are two keys; -0.0 and 0.0 are one (Spark's grouping), released as 0.0."""
+    groups = {"null": (None,), "nan": (NAN,), "neg0": (-0.0,), "pos0": (0.0,), "x": (1.5,)}
+    df, _ = _frame(spark, groups, "g double, x double")
+    both_zeros = np.r_[np.linspace(200, 299, 201), np.linspace(300, 399, 201)]
+    expected = {(None,): 49.5, ("nan",): 149.5, (0.0,): _median(both_zeros), (1.5,): 449.5}
+    for kw in (dict(delta=1e-6), dict(groups=[None, NAN, -0.0, 1.5]),
+               dict(groups=df.select("g"))):
+        got = _released(_release(df, "g", **kw), ["g"])
+        assert set(got) == set(expected)
+        for key, median in expected.items():
+            assert abs(got[key] - median) < TOL, (kw, key)
+        zero = [k for k in got if k[0] == 0.0]
+        assert math.copysign(1.0, zero[0][0]) == 1.0  # released as +0.0
+
+
+def test_multi_column_keys_with_nulls_nan_and_unicode_on_both_paths(spark):
+    groups = {0: (BIG + 1, "é", NAN), 1: (BIG + 1, "e\u0301", NAN), 2: (BIG + 2, "é", None),
+              3: (None, "😀", 0.5), 4: (None, None, NAN), 5: (BIG + 1, "é", 0.5)}
+    df, medians = _frame(spark, groups, "k long, s string, d double, x double", rows_per_group=101)
+    expected = {tuple(_marker(v) for v in key): medians[i] for i, key in enumerate(groups.values())}
+    for kw in (dict(delta=1e-6), dict(groups=list(groups.values()))):
+        out = _release(df, ["k", "s", "d"], **kw)
+        assert out.columns == ["k", "s", "d", "quantile", "value", "mechanism"]
+        got = _released(out, ["k", "s", "d"])
+        assert set(got) == set(expected)
+        for key, median in expected.items():
+            assert abs(got[key] - median) < TOL, (kw, key)
+
+
+def test_privacy_unit_path_keeps_keys_exact(spark):
+    groups = {"a": (BIG + 1,), "b": (BIG + 2,), "null": (None,)}
+    rows = []
+    for i, (key,) in enumerate(groups.values()):
+        rows += [(key, f"u{i}-{j}", float(100 * i + j % 100)) for j in range(300)]
+    df = spark.createDataFrame(rows, "g long, user string, x double")
+    got = _released(_release(df, "g", delta=1e-6, privacy_unit="user"), ["g"])
+    assert set(got) == {(BIG + 1,), (BIG + 2,), (None,)}
+
+
+def test_key_index_numbers_keys_across_batches():
+    """Pure pyarrow: the same key in two batches gets one number; null, NaN and NaN payloads."""
+    index = KeyIndex(("a", "b"))
+    other_nan = np.frombuffer(np.uint64(0x7FF8000000000001).tobytes(), dtype=np.float64)[0]
+    first = index.gids([pa.array([BIG + 1, None, BIG + 2, None], pa.int64()),
+                        pa.array([NAN, NAN, -0.0, None], pa.float64())])
+    second = index.gids([pa.array([BIG + 2, None, BIG + 1], pa.int64()),
+                         pa.array([0.0, None, other_nan], pa.float64())])
+    assert sorted(first.tolist()) == [0, 1, 2, 3] and index.size == 4
+    assert second.tolist() == [first[2], first[3], first[0]]
+    table = index.table()
+    assert table.column("a").type == pa.int64()
+    a, b = table.column("a").to_pylist(), table.column("b").to_pylist()
+    assert [a[g] for g in first] == [BIG + 1, None, BIG + 2, None]
+    assert math.isnan(b[first[0]]) and math.isnan(b[first[1]]) and b[first[3]] is None
+    assert b[first[2]] == 0.0 and math.copysign(1.0, b[first[2]]) == 1.0
+
+
+def test_factorise_matches_python_grouping_on_random_keys():
+    gen = np.random.default_rng(3)
+    n = 5000
+    ints = [None if v < 0 else BIG + int(v) for v in gen.integers(-1, 6, n)]
+    strs = [None if v < 0 else "ab"[v % 2] * (v % 3 + 1) for v in gen.integers(-1, 6, n)]
+    local, first = factorise([pa.array(ints, pa.int64()), pa.array(strs, pa.string())])
+    seen: dict = {}
+    truth = [seen.setdefault(key, len(seen)) for key in zip(ints, strs)]
+    # same partition of the rows: a bijection between local and truth labels
+    assert len(set(zip(local.tolist(), truth))) == len(seen) == len(first)
+    for j, row in enumerate(first):  # first[j] is the first row of local group j
+        assert local[row] == j and not (local[:row] == j).any()
+
+
+# --------------------------------------------------------------------------------------------
+# `groups` validated early, with no job
+
+@pytest.fixture(scope="module")
+def typed(spark):
+    return spark.createDataFrame(
+        [(1, 1, "a", 1.0, True, datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc),
+          datetime.date(2020, 1, 1), 0.5)],
+        "g long, i int, s string, d double, b boolean, t timestamp, day date, x double")
+
+
+def _jobs(spark) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+@pytest.mark.parametrize(
+    "group_by, groups, exc, match",
+    [
+        ("s", [1], TypeError, r"`groups` values must match the types.*'s' is string and needs str, got int"),
+        ("g", [1.0], TypeError, r"`groups`.*'g' is bigint and needs int, got float"),
+        ("i", [True], TypeError, r"`groups`.*'i' is int and needs int, got bool"),
+        ("d", ["1.0"], TypeError, r"`groups`.*'d' is double and needs float, got str"),
+        ("b", [1], TypeError, r"`groups`.*'b' is boolean and needs bool, got int"),
+        ("day", [datetime.datetime(2020, 1, 1)], TypeError, r"`groups`.*'day' is date"),
+        ("t", [datetime.datetime(2020, 1, 1)], TypeError, r"`groups` values for the timestamp column 't' must be timezone-aware"),
+        ("i", [2**31], ValueError, r"`groups` value for `group_by` column 'i' is out of the range of int"),
+        ("g", {1: "a"}, TypeError, r"`groups` must be a list of keys or a DataFrame of keys, got a dict"),
+        ("g", {1, 2}, TypeError, r"`groups` must be a list of keys .* got a set"),
+        ("g", [], ValueError, r"`groups` is empty"),
+        ("g", [{"g": 1}], TypeError, r"`groups`.*got dict"),
+        (["g", "s"], [(1, "a", 2)], ValueError, r"`groups` entries must be tuples of 2 values"),
+        (["g", "s"], [1], ValueError, r"`groups` entries must be tuples of 2 values"),
+        (["g", "s"], [(1, 2)], TypeError, r"`groups`.*'s' is string and needs str, got int"),
+    ],
+)
+def test_groups_errors_name_groups_and_run_no_job(spark, typed, group_by, groups, exc, match):
+    before = _jobs(spark)
+    with pytest.raises(exc, match=match):
+        _release(typed, group_by, groups=groups)
+    assert _jobs(spark) == before
+
+
+def test_groups_dataframe_of_other_types_fails_before_any_job(spark, typed):
+    keys = spark.createDataFrame([("1",)], "g string")
+    before = _jobs(spark)
+    with pytest.raises(TypeError, match=r"`groups` DataFrame columns must have the types of the "
+                                        r"`group_by` columns \{'g': 'bigint'\}, got \{'g': 'string'\}"):
+        _release(typed, "g", groups=keys)
+    assert _jobs(spark) == before
+
+
+def test_job_counter_sees_a_job(spark, typed):
+    """Power of the two tests above: a valid call does run a job that the tracker sees."""
+    before = _jobs(spark)
+    _release(typed, "g", groups=[1])
+    assert _jobs(spark) > before
+
+
+def test_duplicate_listed_keys_are_released_once(spark):
+    df, _ = _frame(spark, {"a": (1.0,), "b": (2.0,)}, "g double, x double", rows_per_group=21)
+    out = _release(df, "g", groups=[1.0, 2.0, 1, 1.0, NAN, NAN, -0.0, 0.0])
+    keys = [_marker(r["g"]) for r in out.collect()]
+    assert keys == [0.0, 1.0, 2.0, "nan"]
+
+
+# --------------------------------------------------------------------------------------------
+# Jobs: counted per path, none to read the result
+
+def _logged_jobs(caplog) -> tuple[int, str]:
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == LOGGER and "released in" in r.getMessage()]
+    assert len(lines) == 1, lines
+    match = re.search(r"released in [0-9.]+s, (\d+) Spark job\(s\), path=(.+)$", lines[0])
+    assert match, lines[0]
+    return int(match.group(1)), match.group(2)
+
+
+@pytest.mark.parametrize(
+    "case, jobs, path",
+    [("global", 1, "global"), ("list", 1, "public keys"), ("frame", 2, "public keys"),
+     ("select", 1, "partition selection"), ("unit", 1, "partition selection"),
+     ("unit_list", 1, "public keys")],
+)
+def test_info_line_counts_the_jobs_of_each_path(spark, caplog, case, jobs, path):
+    df, _ = _frame(spark, {"a": (1, "u1"), "b": (2, "u2")}, "g long, user string, x double",
+                   rows_per_group=101)
+    kw = {"global": dict(keys=None), "list": dict(groups=[1, 2, 3]),
+          "frame": dict(groups=df.select("g")), "select": dict(delta=1e-6),
+          "unit": dict(delta=1e-6, privacy_unit="user"),
+          "unit_list": dict(groups=[1, 2], privacy_unit="user")}[case]
+    keys = kw.pop("keys", "g")
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    _release(df, keys, **kw)
+    assert _logged_jobs(caplog) == (jobs, path)
+    # nothing but public parameters, the time and the job count: the two lines, in full
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(lines) == 2
+    assert re.fullmatch(r"dp_quantiles: column='x' keys=\[('g')?\] m=1 epsilon=1e\+07 "
+                        r"mechanism=auto resolution=1048576", lines[0]), lines[0]
+    assert re.fullmatch(r"dp_quantiles: released in [0-9]+\.[0-9]{2}s, [0-9]+ Spark job\(s\), "
+                        r"path=[a-z ]+", lines[1]), lines[1]
+
+
+@pytest.mark.parametrize("kw, nan", [(dict(delta=1e-6), True),
+                                     (dict(groups=[None, NAN, 1.0, 2.0]), True),
+                                     (dict(groups=[None, 3.0, 1.0, 2.0]), False)])
+def test_reading_the_result_runs_no_job_and_sees_one_release(spark, kw, nan):
+    keys = {"a": (1.0,), "b": (2.0,), "n": (None,), "k": (NAN if nan else 3.0,)}
+    df, _ = _frame(spark, keys, "g double, x double")
+    out = dp_quantiles(df, "x", quantiles=[0.25, 0.5], epsilon=1.0, lower=0.0, upper=1000.0,
+                       group_by="g", **kw)  # OS entropy: a recomputation would differ
+    before = _jobs(spark)
+    first = out.collect()
+    out.show()
+    out.take(3)
+    if SPARK_VERSION >= (4, 0) or not nan:  # 3.5 builds a result holding a NaN from Python rows
+        assert _jobs(spark) == before  # collect, show, take: read from the driver's local rows
+    assert out.count() == len(first) == 8  # count plans an aggregate (small jobs over local rows)
+    assert _rows(out.collect()) == _rows(first)
+    assert out.toPandas()["value"].tolist() == [r["value"] for r in first]
+    ordered = out.orderBy(F.col("g").asc_nulls_first(), "quantile").collect()
+    assert [(_marker(r["g"]), r["quantile"]) for r in ordered] == \
+        [(_marker(r["g"]), r["quantile"]) for r in first]
+
+
+# --------------------------------------------------------------------------------------------
+# Driver-side order == Spark's orderBy(asc_nulls_first)
+
+def _tricky_table(seed: int) -> pa.Table:
+    gen = np.random.default_rng(seed)
+    doubles = [None, NAN, -0.0, 0.0, 1.0, -1.0, math.inf, -math.inf, 5e-324, -1e308]
+    strings = [None, "", "a", "Z", "é", "e\u0301", "😀", "\uffff", "ab", "a\x00"]
+    longs = [None, -(2**63), 2**63 - 1, BIG + 1, BIG + 2, 0, -1]
+    n = 400
+    return pa.table({
+        "d": pa.array([doubles[i] for i in gen.integers(0, len(doubles), n)], pa.float64()),
+        "s": pa.array([strings[i] for i in gen.integers(0, len(strings), n)], pa.string()),
+        "k": pa.array([longs[i] for i in gen.integers(0, len(longs), n)], pa.int64()),
+        "quantile": pa.array(gen.permutation(n) / n, pa.float64()),  # unique: no full ties
+    })
+
+
+def _rows(rows) -> list[tuple]:
+    return [tuple("nan" if isinstance(v, float) and math.isnan(v) else
+                  (v, math.copysign(1.0, v)) if isinstance(v, float) else v for v in row)
+            for row in rows]
+
+
+@pytest.mark.parametrize("keys", [("d",), ("s",), ("k",), ("d", "s"), ("s", "k", "d")])
+def test_driver_order_equals_spark_order_by_asc_nulls_first(spark, keys):
+    table = _tricky_table(len(keys))
+    schema = T.StructType([T.StructField("d", T.DoubleType()), T.StructField("s", T.StringType()),
+                           T.StructField("k", T.LongType()),
+                           T.StructField("quantile", T.DoubleType())])
+    spark_rows = (create_dataframe(spark, table, schema)
+                  .orderBy(*[F.col(k).asc_nulls_first() for k in keys], "quantile").collect())
+    ours = spark_order(table, keys).to_pylist()
+    columns = ["d", "s", "k", "quantile"]
+    assert _rows([tuple(r[c] for c in columns) for r in ours]) == _rows(spark_rows)
+    # power: Arrow's own sort (NaN placed with the nulls) is not Spark's order on this data
+    if "d" in keys:
+        naive = table.sort_by([(k, "ascending", "at_start") for k in keys]
+                              + [("quantile", "ascending")]).to_pylist()
+        assert _rows([tuple(r[c] for c in columns) for r in naive]) != _rows(spark_rows)
+
+
+def test_normalise_leaves_other_types_alone():
+    ints = pa.array([1, None], pa.int64())
+    assert normalise(ints) is ints
+    doubles = normalise(pa.array([-0.0, NAN, None], pa.float64())).to_pylist()
+    assert math.copysign(1.0, doubles[0]) == 1.0 and math.isnan(doubles[1]) and doubles[2] is None
+
+
+# --------------------------------------------------------------------------------------------
+# Spark Connect: the same job counts and exact keys (own process: Connect needs its own driver)
+
+CONNECT_SCRIPT = textwrap.dedent('''
+    import json, logging, math, re, sys
+    from pyspark.sql import SparkSession, functions as F
+    from dpq_spark import dp_quantiles
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    log = logging.getLogger("dpq_spark.spark.quantiles")
+    log.setLevel(logging.INFO)
+    log.addHandler(Keep())
+    spark = (SparkSession.builder.master("local[2]").config("spark.api.mode", "connect")
+             .config("spark.connect.grpc.binding.port", "0").getOrCreate())
+    big = 2**60
+    rows = [(k, float(100 * i + j % 100)) for i, k in enumerate([big + 1, big + 2, None])
+            for j in range(300)]
+    df = spark.createDataFrame(rows, "g long, x double")
+    kw = dict(quantiles=[0.5], epsilon=1e7, lower=0.0, upper=1000.0)
+    cases = {"global": dict(), "list": dict(group_by="g", groups=[big + 1, big + 2, None]),
+             "frame": dict(group_by="g", groups=df.select("g")),
+             "select": dict(group_by="g", delta=1e-6)}
+    out = {"session": type(spark).__module__}
+    for name, extra in cases.items():
+        lines.clear()
+        result = dp_quantiles(df, "x", **kw, **extra).collect()
+        done = [m for m in lines if "released in" in m]
+        jobs = int(re.search(r", (\\d+) Spark job", done[0]).group(1))
+        out[name] = {"jobs": jobs, "lines": len(done),
+                     "rows": [[r[0], r["value"]] if "g" in r else [None, r["value"]]
+                              for r in result]}
+    with open(sys.argv[1], "w") as fh:
+        json.dump(out, fh)
+    spark.stop()
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.spark4
+def test_connect_counts_the_same_jobs_and_keeps_keys_exact(tmp_path):
+    from cluster import clean_environ
+
+    script = tmp_path / "connect_keys.py"
+    script.write_text(CONNECT_SCRIPT)
+    result_path = tmp_path / "connect_keys.json"
+    env = clean_environ()
+    env.update(SPARK_TESTING="1", PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, str(script), str(result_path)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(result_path.read_text())
+    assert result["session"].startswith("pyspark.sql.connect")
+    assert {k: (v["jobs"], v["lines"]) for k, v in result.items() if k != "session"} == \
+        {"global": (1, 1), "list": (1, 1), "frame": (2, 1), "select": (1, 1)}
+    for case in ("list", "frame", "select"):
+        rows = result[case]["rows"]
+        assert [r[0] for r in rows] == [None, BIG + 1, BIG + 2], case  # exact, null first
+        assert all(abs(v - m) < TOL for (_, v), m in zip(rows, [249.5, 49.5, 149.5])), case
+
+
+# --------------------------------------------------------------------------------------------
+# The worker-side fold (pure pyarrow/numpy, no Spark)
+
+def _keyed_params(**kw):
+    from dpq_spark.spark._release import ReleaseParams
+
+    base = dict(keys=("k", "s"), quantiles=(0.5,), epsilon=1e9, lower=0.0, upper=64.0,
+                resolution=64, neighboring="add_remove", mechanism="joint_exp", base_seed=3)
+    base.update(kw)
+    return ReleaseParams(**base)
+
+
+def test_keyed_fold_counts_every_row_in_its_group_across_batches_and_merges(monkeypatch):
+    from dpq_spark.spark import _release
+    from dpq_spark.spark._release import CELL
+
+    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)  # force several merges of the fold
+    gen = np.random.default_rng(11)
+    n = 6000
+    kinds = [(BIG + 1, "a"), (BIG + 2, "a"), (None, "a"), (BIG + 1, None), (None, None)]
+    which = gen.integers(0, len(kinds), n)
+    cells = (which * 12 + gen.integers(0, 10, n)).astype(np.int64)  # group i in [12 i, 12 i + 10)
+    table = pa.table({"k": pa.array([kinds[i][0] for i in which], pa.int64()),
+                      "s": pa.array([kinds[i][1] for i in which], pa.string()),
+                      CELL: pa.array(cells, pa.int32())})
+    batches = table.to_batches(max_chunksize=333)
+    out = pa.Table.from_batches(list(_release.release_keyed_partition(iter(batches),
+                                                                      _keyed_params())))
+    assert out.column("k").type == pa.int64()
+    got = {(k, s): v for k, s, v in zip(out.column("k").to_pylist(), out.column("s").to_pylist(),
+                                        out.column("value").to_pylist())}
+    assert set(got) == set(kinds)
+    for i, key in enumerate(kinds):
+        midpoints = cells[which == i] + 0.5
+        lo, hi = np.percentile(midpoints, [45, 55])  # a merged or miscounted group leaves this
+        assert lo - 0.5 <= got[key] <= hi + 0.5, key
+
+
+def test_keyed_fold_tests_the_unit_count_not_the_row_count():
+    from dpq_spark.spark._release import CELL, UNITS
+
+    rows = 20
+    table = pa.table({"k": pa.array([1] * rows + [2] * rows, pa.int64()),
+                      "s": pa.array(["x"] * (2 * rows)),
+                      CELL: pa.array(list(range(rows)) * 2, pa.int32()),
+                      UNITS: pa.array([1] * rows + [1, 1] + [0] * (rows - 2), pa.int32())})
+    params = _keyed_params(threshold=10.0, noise_scale=1e-6, extra_columns=(UNITS,))
+    out = pa.Table.from_batches(list(_release_keyed(table, params)))
+    assert out.column("k").to_pylist() == [1]  # 20 units pass, 2 units (20 rows) do not
+
+
+def _release_keyed(table, params):
+    from dpq_spark.spark._release import release_keyed_partition
+
+    return release_keyed_partition(iter(table.to_batches(max_chunksize=7)), params)
+
+
+def test_date_timestamp_decimal_binary_and_bool_keys_on_both_paths(spark):
+    import decimal
+
+    utc = datetime.timezone.utc
+    groups = {0: (datetime.date(2020, 1, 1), datetime.datetime(2020, 1, 1, 12, tzinfo=utc),
+                  decimal.Decimal("1.50"), b"\x00\xff", True),
+              1: (datetime.date(1969, 12, 31), datetime.datetime(1969, 12, 31, 23, 59, 59, 999999,
+                                                                 tzinfo=utc),
+                  decimal.Decimal("-2.25"), b"", False),
+              2: (None, None, None, None, None)}
+    ddl = "day date, ts timestamp, dec decimal(10,2), bin binary, flag boolean, x double"
+    df, medians = _frame(spark, groups, ddl, rows_per_group=101)
+    names = ["day", "ts", "dec", "bin", "flag"]
+    expected = {key: medians[i] for i, key in enumerate(groups.values())}
+    for kw in (dict(delta=1e-6), dict(groups=list(groups.values()))):
+        out = _release(df, names, **kw)
+        got = {tuple(v.astimezone(utc) if isinstance(v, datetime.datetime) else
+                     bytes(v) if isinstance(v, (bytes, bytearray)) else v
+                     for v in (r[k] for k in names)): r["value"] for r in out.collect()}
+        assert set(got) == set(expected), kw
+        for key, median in expected.items():
+            assert abs(got[key] - median) < TOL, (kw, key)
