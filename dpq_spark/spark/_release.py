@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tempfile
+
 import numpy as np
 import pandas as pd
 
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import discrete_laplace
+from dpq_spark.core.choose import plan_auto
+from dpq_spark.core.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, reachable, represent
+from dpq_spark.core.grid import Grid
+from dpq_spark.core.joint_exp import joint_exp_indices
+from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams", "cell_values",
@@ -70,6 +77,9 @@ def bucket_values(index) -> np.ndarray:
     return np.where(mag == 0, 0.0, np.sign(idx) * v)
 
 _UINT64 = 1 << 64
+#: Distinct (group, grid index) pairs a partition may hold in memory before it spills (the
+#: driver copies the value into ``ReleaseParams.fold_budget``; tests lower it).
+FOLD_BUDGET = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,7 @@ class ReleaseParams:
     extra_columns: tuple[str, ...] = ()
     key_hashes: tuple[int, ...] | None = None  # public-key path with a seeded rng only
     bounds_share: float | None = None  # bounds-free path only
+    fold_budget: int = FOLD_BUDGET  # distinct (group, grid index) pairs before a partition spills
 
     @property
     def bounds_free(self) -> bool:
@@ -171,7 +182,10 @@ def release_counts(keys: dict, cells: np.ndarray, counts: np.ndarray, units, key
 def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
                    params: ReleaseParams) -> tuple[np.ndarray, str] | None:
     """The released values of one group and the name of the mechanism that ran (for ``"auto"``
-    the one it picked), or ``None`` when partition selection drops the group."""
+    the one it picked), or ``None`` when partition selection drops the group. With bounds,
+    ``cells`` are grid indices (:func:`release_fine`); without, bucket indices."""
+    if not params.bounds_free:
+        return release_fine(cells, counts, units, key_hash, params)
     rng = _group_rng(params, key_hash)
     if params.threshold is not None:
         # integer unit count + exact discrete Laplace noise vs an integer threshold (_selection)
@@ -196,8 +210,9 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
     return np.asarray(out, dtype=np.float64), str(name)
 
 
-_COMPACT_ROWS = 1 << 22  # raw (group, cell) codes buffered before they are merged into counts
+_COMPACT_ROWS = 1 << 22  # raw codes buffered before they are merged into counts
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
+_SPILL_CHUNK = 1 << 20  # (code, count) pairs read back per chunk
 
 
 def _normal_key(values: tuple) -> tuple:
@@ -205,119 +220,363 @@ def _normal_key(values: tuple) -> tuple:
     return tuple(("nan",) if isinstance(v, float) and v != v else v for v in values)
 
 
-def _merge_codes(acc_codes, acc_counts, chunks):
-    """Fold raw codes (one per row) into the sorted distinct codes and their counts."""
-    raw = np.sort(np.concatenate(chunks))
-    starts = np.flatnonzero(np.r_[True, raw[1:] != raw[:-1]])
-    codes, counts = raw[starts], np.diff(np.r_[starts, len(raw)])
-    if acc_codes.size:
-        codes = np.concatenate([acc_codes, codes])
-        counts = np.concatenate([acc_counts, counts])
+def _reduce_sorted(codes, counts):
+    """Sum ``counts`` over runs of equal ``codes`` (sorted)."""
+    if codes.size == 0:
+        return codes, counts
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    return codes[starts], np.add.reduceat(counts, starts)
+
+
+class _Counter:
+    """Counts per distinct int64 code, fed in chunks and merged every few million entries.
+
+    Memory: the distinct codes seen so far (two int64 each) plus at most ``_COMPACT_ROWS``
+    buffered entries."""
+
+    def __init__(self):
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int64)
+        self._chunks: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._buffered = 0
+
+    def add(self, codes, counts=None) -> bool:
+        """Buffer codes (one row each, or with ``counts``); True when a merge ran."""
+        self._chunks.append((np.asarray(codes, dtype=np.int64), counts))
+        self._buffered += len(codes)
+        if self._buffered >= _COMPACT_ROWS:
+            self.compact()
+            return True
+        return False
+
+    def compact(self) -> None:
+        if not self._chunks:
+            return
+        codes = [self.codes] + [c for c, _ in self._chunks]
+        counts = [self.counts] + [np.ones(len(c), dtype=np.int64) if w is None
+                                  else np.asarray(w, dtype=np.int64) for c, w in self._chunks]
+        codes, counts = np.concatenate(codes), np.concatenate(counts)
         order = np.argsort(codes, kind="stable")
-        codes, counts = codes[order], counts[order]
-        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        codes, counts = codes[starts], np.add.reduceat(counts, starts)
-    return codes, counts
+        self.codes, self.counts = _reduce_sorted(codes[order], counts[order])
+        self._chunks, self._buffered = [], 0
+
+
+class Fold:
+    """One partition's rows as counts per (group, grid index), in bounded memory.
+
+    Codes are ``gid * 2**33 + k`` (``k`` the index on the default grid, at most ``2**32``).
+    While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
+    it the fold *spills*: every (code, count) is appended to a temporary file in the worker's
+    temp directory (deleted by :meth:`close`), and memory keeps only counts per (group, coarse
+    cell ``k >> 12``), at most ``2**20 + 1`` per group whatever its number of rows.
+    :meth:`fine_counts` re-reads the file in chunks for the coarse cells asked for.
+    """
+
+    SHIFT = 33  # bits of k in a code
+    _COARSE_SHIFT = 21  # bits of the coarse cell in a coarse code
+
+    def __init__(self, budget: int):
+        self.budget = int(budget)
+        self.fine = _Counter()
+        self.coarse: _Counter | None = None
+        self._spill = None
+
+    @property
+    def spilled(self) -> bool:
+        return self._spill is not None
+
+    def add(self, codes) -> None:
+        codes = np.asarray(codes, dtype=np.int64)
+        if codes.size == 0:
+            return
+        if self._spill is None:
+            if self.fine.add(codes) and self.fine.codes.size > self.budget:
+                self._start_spill()
+            return
+        self._write(*np.unique(codes, return_counts=True))
+
+    def finish(self) -> None:
+        if self._spill is None:
+            self.fine.compact()
+            if self.fine.codes.size > self.budget:
+                self._start_spill()
+        if self.coarse is not None:
+            self.coarse.compact()
+
+    def _start_spill(self) -> None:
+        self._spill = tempfile.TemporaryFile(prefix="dpq_fold_")
+        self.coarse = _Counter()
+        codes, counts = self.fine.codes, self.fine.counts
+        self.fine = _Counter()
+        self._write(codes, counts)
+
+    def _write(self, codes, counts) -> None:
+        pairs = np.empty((codes.size, 2), dtype=np.int64)
+        pairs[:, 0], pairs[:, 1] = codes, counts
+        self._spill.write(pairs.tobytes())
+        self.coarse.add(self.coarse_code(codes), counts)
+
+    @classmethod
+    def coarse_code(cls, codes):
+        gid = codes >> cls.SHIFT
+        k = codes - (gid << cls.SHIFT)
+        return (gid << cls._COARSE_SHIFT) + (k >> COARSE_SHIFT)
+
+    def groups(self):
+        """Sorted gids and, per gid, ``(a, b)`` slices into :meth:`arrays`."""
+        codes, shift = (self.fine.codes, self.SHIFT) if self._spill is None else (
+            self.coarse.codes, self._COARSE_SHIFT)
+        gid = codes >> shift
+        starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]]) if gid.size else np.zeros(0, int)
+        ends = np.r_[starts[1:], gid.size].astype(np.int64)
+        return gid[starts], starts, ends
+
+    def arrays(self):
+        """``(index, counts)``: fine grid indices when not spilled, else coarse cells."""
+        if self._spill is None:
+            codes = self.fine.codes
+            return codes - ((codes >> self.SHIFT) << self.SHIFT), self.fine.counts
+        codes = self.coarse.codes
+        return codes - ((codes >> self._COARSE_SHIFT) << self._COARSE_SHIFT), self.coarse.counts
+
+    def fine_counts(self, wanted) -> tuple[np.ndarray, np.ndarray]:
+        """Exact counts per fine code of the spilled rows whose coarse code is in ``wanted``
+        (sorted int64), read back in chunks."""
+        out = _Counter()
+        wanted = np.asarray(wanted, dtype=np.int64)
+        if wanted.size == 0:
+            return out.codes, out.counts
+        self._spill.flush()
+        self._spill.seek(0)
+        while True:
+            raw = self._spill.read(16 * _SPILL_CHUNK)
+            if not raw:
+                break
+            pairs = np.frombuffer(raw, dtype=np.int64).reshape(-1, 2)
+            coarse = self.coarse_code(pairs[:, 0])
+            at = np.minimum(np.searchsorted(wanted, coarse), wanted.size - 1)
+            hit = wanted[at] == coarse
+            if hit.any():
+                out.add(pairs[hit, 0], pairs[hit, 1])
+        out.compact()
+        return out.codes, out.counts
+
+    def close(self) -> None:
+        if self._spill is not None:
+            self._spill.close()
+
+
+def _grid(params: ReleaseParams) -> Grid:
+    return Grid(params.lower, params.upper)
+
+
+def _start_group(n: int, units, key_hash, params: ReleaseParams):
+    """Partition selection, then the choice of mechanism, for one group (bounded path).
+
+    Returns ``(source, name, epsilon)`` for the mechanism step, or ``None`` when partition
+    selection drops the group. Draws in the order of the core: the selection noise, then (for
+    ``"auto"``) the noisy count of :func:`~dpq_spark.core.choose.plan_auto`; the same source then
+    feeds the mechanism."""
+    source = resolve_rng(_group_rng(params, key_hash))
+    if params.threshold is not None:
+        size = n if units is None else int(units)
+        if size + discrete_laplace(source, params.noise_scale) < params.threshold:
+            return None
+    if params.mechanism != "auto":
+        return source, params.mechanism, params.epsilon
+    name, rest, _ = plan_auto(len(params.quantiles), n, epsilon=params.epsilon,
+                              neighboring=params.neighboring, source=source)
+    return source, name, rest
+
+
+def _run_joint_exp(k, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
+    """JointExp on grid indices (exact or represented data), released as grid values."""
+    grid = _grid(params)
+    out = joint_exp_indices(k, counts, grid.size, np.asarray(params.quantiles, dtype=np.float64),
+                            epsilon=epsilon, neighboring=params.neighboring, rng=source)
+    return grid.value(out)
+
+
+def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
+    """A mechanism other than JointExp on coarse cells, each row at its cell's fixed
+    representative grid point (a per-record map of public constants)."""
+    grid = _grid(params)
+    if name == params.mechanism:
+        mechanism = get_mechanism(name)
+    else:  # picked by auto: the pure mechanism, bounds given
+        from dpq_spark.core.mechanisms import get_base_mechanism
+
+        mechanism = get_base_mechanism(name)
+    out = mechanism(grid.value(coarse_midpoints(cells, grid.steps)),
+                    np.asarray(params.quantiles, dtype=np.float64), epsilon=epsilon,
+                    lower=params.lower, upper=params.upper, neighboring=params.neighboring,
+                    counts=counts, rng=source)
+    return np.asarray(out, dtype=np.float64)
+
+
+def _to_coarse(k, counts):
+    return _reduce_sorted(coarse_of(k), np.asarray(counts, dtype=np.int64))
+
+
+def release_fine(k, counts, units, key_hash, params: ReleaseParams):
+    """Release one group (bounded path) from its sorted distinct grid indices ``k`` and
+    ``counts``. Returns ``(values, mechanism name)`` or ``None`` (dropped by selection)."""
+    k = np.asarray(k, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    started = _start_group(int(counts.sum()), units, key_hash, params)
+    if started is None:
+        return None
+    source, name, eps = started
+    if name == "joint_exp":
+        return _run_joint_exp(k, counts, source, eps, params), name
+    return _run_coarse(name, *_to_coarse(k, counts), source, eps, params), name
+
+
+def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
+    """Release every group of a finished fold: ``[(gid, values, name)]`` in gid order
+    (dropped groups left out)."""
+    gids, starts, ends = fold.groups()
+    index, counts = fold.arrays()
+    out = []
+    if not fold.spilled:
+        for gid, a, b in zip(gids.tolist(), starts, ends):
+            got = release_fine(index[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
+            if got is not None:
+                out.append((gid, *got))
+        return out
+    # Spilled: choose per group from exact coarse counts; JointExp groups get their reachable
+    # cells' fine counts from the spill file (one pass over it), the others coarse cells.
+    pending = []
+    wanted = []
+    for gid, a, b in zip(gids.tolist(), starts, ends):
+        cells, ccounts = index[a:b], counts[a:b]
+        started = _start_group(int(ccounts.sum()), units_of(gid), hash_of(gid), params)
+        if started is None:
+            continue
+        source, name, eps = started
+        if name != "joint_exp":
+            out.append((gid, _run_coarse(name, cells, ccounts, source, eps, params), name))
+            continue
+        c = eps / (2.0 * joint_exp_sensitivity(np.asarray(params.quantiles, dtype=np.float64),
+                                              NeighboringRelation.parse(params.neighboring)))
+        keep = reachable(cells, ccounts, params.quantiles, c, _grid(params).steps)
+        pending.append((gid, cells, ccounts, keep, source, eps))
+        wanted.append((gid << Fold._COARSE_SHIFT) + cells[keep])
+    if pending:
+        codes, fine = fold.fine_counts(np.sort(np.concatenate(wanted)))
+        fgid = codes >> Fold.SHIFT
+        for gid, cells, ccounts, keep, source, eps in pending:
+            a, b = np.searchsorted(fgid, [gid, gid + 1])
+            k, w = represent(codes[a:b] - (gid << Fold.SHIFT), fine[a:b], cells, ccounts, keep)
+            out.append((gid, _run_joint_exp(k, w, source, eps, params), "joint_exp"))
+        out.sort(key=lambda t: t[0])
+    return out
 
 
 def release_partition(batches, params: ReleaseParams):
-    """``mapInPandas`` body: count (group, cell) pairs of one partition, release each group.
+    """``mapInPandas``/``mapInArrow`` body: fold one partition, release each of its groups.
 
     The input is hash partitioned by key, so every group is whole in one partition. Each row is
-    one kept data row. With public keys it is a single ``CODE`` (key index * resolution + cell)
-    and the output carries ``GID`` instead of the key columns; with keys from partition
-    selection it is the key columns, ``CELL``, optionally ``UNITS`` (1 on the first row of each
-    privacy unit in the group) and ``KEY_HASH``. Rows are streamed batch by batch and reduced to
-    counts per distinct (group, cell) every few million rows, so memory is bounded by the number
-    of distinct (group, cell) pairs of the partition (at most ``resolution`` per group), never
-    by a group's number of rows.
+    one kept data row. With public keys it is a single ``CODE`` (key index * 2**33 + grid index,
+    or key index * resolution + bucket without bounds) and the output carries ``GID`` instead of
+    the key columns; with keys from partition selection it is the key columns, ``CELL`` (grid
+    index or bucket), optionally ``UNITS`` (1 on the first row of each privacy unit in the group)
+    and ``KEY_HASH``. With bounds the rows go through a :class:`Fold` (exact counts per
+    distinct grid index within ``params.fold_budget`` pairs, else a spill file and coarse
+    counts; see :mod:`dpq_spark.core.coarse_bands` for why the release is unchanged to within
+    total variation 2**-59); without bounds they are counted per (group, bucket), at most
+    ``BUCKETS`` per group.
     """
     keys = list(params.keys)
-    res = params.resolution
+    bounded = not params.bounds_free
+    span = (1 << Fold.SHIFT) if bounded else params.resolution
     packed = CODE in params.extra_columns
     gid_of: dict = {}
     key_values: list[tuple] = []
     key_hashes: list = []
     units = np.zeros(0, dtype=np.int64)
-    acc_codes = np.zeros(0, dtype=np.int64)
-    acc_counts = np.zeros(0, dtype=np.int64)
-    chunks: list[np.ndarray] = []
-    buffered = 0
-    for pdf in batches:
-        if len(pdf) == 0:
-            continue
-        if packed:  # key index and cell already packed into one int64 by Spark
-            chunks.append(np.asarray(pdf[CODE], dtype=np.int64))  # pandas or Arrow batch
-            buffered += len(pdf)
-            if buffered >= _COMPACT_ROWS:
-                acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-                chunks, buffered = [], 0
-            continue
-        if len(keys) == 1:
-            local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
+    fold = Fold(params.fold_budget) if bounded else None
+    counter = None if bounded else _Counter()
+    try:
+        for pdf in batches:
+            if len(pdf) == 0:
+                continue
+            if packed:  # key index and cell already packed into one int64 by Spark
+                codes = np.asarray(pdf[CODE], dtype=np.int64)  # pandas or Arrow batch
+            else:
+                if len(keys) == 1:
+                    local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
+                else:
+                    local = pdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
+                local = np.asarray(local, dtype=np.int64)
+                _, first = np.unique(local, return_index=True)
+                firsts = pdf.iloc[first]
+                to_gid = np.empty(len(first), dtype=np.int64)
+                hashes = firsts[KEY_HASH].tolist() if KEY_HASH in pdf.columns else [0] * len(first)
+                for j, values in enumerate(firsts[keys].itertuples(index=False, name=None)):
+                    norm = _normal_key(values)
+                    gid = gid_of.get(norm)
+                    if gid is None:
+                        gid = gid_of[norm] = len(key_values)
+                        key_values.append(values)
+                        key_hashes.append(hashes[j])
+                    to_gid[j] = gid
+                gids = to_gid[local]
+                codes = gids * span + pdf[CELL].to_numpy(dtype=np.int64)
+                if UNITS in pdf.columns:
+                    add = np.bincount(gids, weights=pdf[UNITS].to_numpy(dtype=np.float64),
+                                      minlength=len(key_values)).astype(np.int64)
+                    units = np.concatenate(
+                        [units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
+            if bounded:
+                fold.add(codes)
+            else:
+                counter.add(codes)
+        if packed:
+            hash_of = (lambda gid: params.key_hashes[gid]) if params.key_hashes is not None \
+                else (lambda gid: 0)
         else:
-            local = pdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
-        local = np.asarray(local, dtype=np.int64)
-        _, first = np.unique(local, return_index=True)
-        firsts = pdf.iloc[first]
-        to_gid = np.empty(len(first), dtype=np.int64)
-        hashes = firsts[KEY_HASH].tolist() if KEY_HASH in pdf.columns else [0] * len(first)
-        for j, values in enumerate(firsts[keys].itertuples(index=False, name=None)):
-            norm = _normal_key(values)
-            gid = gid_of.get(norm)
-            if gid is None:
-                gid = gid_of[norm] = len(key_values)
-                key_values.append(values)
-                key_hashes.append(hashes[j])
-            to_gid[j] = gid
-        gids = to_gid[local]
-        chunks.append(gids * res + pdf[CELL].to_numpy(dtype=np.int64))
-        buffered += len(pdf)
-        if UNITS in pdf.columns:
-            add = np.bincount(gids, weights=pdf[UNITS].to_numpy(dtype=np.float64),
-                              minlength=len(key_values)).astype(np.int64)
-            units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
-        if buffered >= _COMPACT_ROWS:
-            acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-            chunks, buffered = [], 0
-    if chunks:
-        acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-    if acc_codes.size == 0:
-        return
-    group_of = acc_codes // res
-    cells = acc_codes - group_of * res
-    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
-    ends = np.r_[starts[1:], len(group_of)]
-    if packed:  # arrays only: no per-group pandas frame
-        m = len(params.quantiles)
-        q = np.asarray(params.quantiles, dtype=np.float64)
-        for lo in range(0, len(starts), _OUTPUT_GROUPS):
-            gids, values, names = [], [], []
-            for a, b in zip(starts[lo:lo + _OUTPUT_GROUPS], ends[lo:lo + _OUTPUT_GROUPS]):
-                gid = int(group_of[a])
-                key_hash = params.key_hashes[gid] if params.key_hashes is not None else 0
-                gids.append(gid)
-                group_values, name = release_values(cells[a:b], acc_counts[a:b], None, key_hash,
-                                                    params)
-                values.append(group_values)
-                names.append(name)
-            yield pd.DataFrame({GID: np.repeat(np.asarray(gids, dtype=np.int64), m),
-                                "quantile": np.tile(q, len(gids)),
-                                "value": np.concatenate(values),
-                                MECHANISM: np.repeat(np.asarray(names, dtype=object), m)})
-        return
-    done = []
+            hash_of = key_hashes.__getitem__
+        units_of = (lambda gid: int(units[gid])) if UNITS in params.extra_columns \
+            else (lambda gid: None)
+        if bounded:
+            fold.finish()
+            released = _release_fold(fold, params, units_of, hash_of)
+        else:
+            released = _release_buckets(counter, span, params, units_of, hash_of)
+    finally:
+        if fold is not None:
+            fold.close()
+    m = len(params.quantiles)
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    for lo in range(0, len(released), _OUTPUT_GROUPS):
+        part = released[lo:lo + _OUTPUT_GROUPS]
+        if packed:  # arrays only: no per-group pandas frame
+            yield pd.DataFrame({GID: np.repeat(np.asarray([g for g, _, _ in part], np.int64), m),
+                                "quantile": np.tile(q, len(part)),
+                                "value": np.concatenate([v for _, v, _ in part]),
+                                MECHANISM: np.repeat(np.asarray([n for _, _, n in part],
+                                                                dtype=object), m)})
+        else:
+            yield pd.concat([_frame(dict(zip(keys, _output_key(key_values[g], params))),
+                                    params, v, n) for g, v, n in part], ignore_index=True)
+
+
+def _release_buckets(counter: _Counter, span: int, params: ReleaseParams, units_of, hash_of):
+    """Bounds-free path: release each group from its (bucket, count) pairs."""
+    counter.compact()
+    codes, counts = counter.codes, counter.counts
+    group_of = codes // span
+    cells = codes - group_of * span
+    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]]) if codes.size else []
+    ends = np.r_[starts[1:], len(group_of)] if codes.size else []
+    out = []
     for a, b in zip(starts, ends):
         gid = int(group_of[a])
-        group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
-        group_units = int(units[gid]) if UNITS in params.extra_columns else None
-        done.append(release_counts(group_keys, cells[a:b], acc_counts[a:b], group_units,
-                                   key_hashes[gid], params))
-        if len(done) >= _OUTPUT_GROUPS:
-            yield pd.concat(done, ignore_index=True)
-            done = []
-    if done:
-        yield pd.concat(done, ignore_index=True)
+        got = release_values(cells[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
+        if got is not None:
+            out.append((gid, *got))
+    return out
 
 
 def _output_key(values: tuple, params: ReleaseParams) -> tuple:

@@ -13,7 +13,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dpq_spark.core.coarse_bands import reachable, represent
+from dpq_spark.core.grid import Grid
+from dpq_spark.core.joint_exp import joint_exp_indices
+from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
 from dpq_spark.spark import _dataflow as flow
+from dpq_spark.spark import _release
 from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
 from dpq_spark.spark._compat import create_dataframe, to_arrow
 from dpq_spark.spark._release import (
@@ -252,6 +257,7 @@ def _plan(req: QuantileRequest, key_table):
         neighboring=req.neighboring.value,
         mechanism=req.mechanism,
         bounds_share=req.bounds_share,
+        fold_budget=_release.FOLD_BUDGET,  # read here, on the driver (tests lower it)
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,
@@ -286,13 +292,16 @@ def _key_hash(keys):
 
 
 def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
-    """Public keys: stream ``GID * resolution + cell`` codes through ``mapInArrow``.
+    """Public keys: stream ``GID * 2**33 + k`` codes (k the grid index) through ``mapInArrow``.
 
     One shuffle (by key index, no sort); Python folds each partition's codes into counts per
-    distinct (group, cell). The UDF returns key indexes; the driver maps them back to the
+    distinct (group, grid index), spilling past the fold budget (:class:`_release.Fold`). The UDF returns key indexes; the driver maps them back to the
     collected key values. A public key with no rows never reaches the UDF: the driver answers
     it from empty data, exactly as the UDF would.
     """
+    if req.lower is not None and key_table.num_rows > flow.MAX_PACKED_KEYS:
+        raise ValueError("`groups` must hold at most 2**30 keys with `lower` and `upper`, got "
+                         f"{key_table.num_rows}")
     hashes = key_table.column(KEY_HASH).to_pylist()
     params = dataclasses.replace(params, extra_columns=(CODE,),
                                  key_hashes=tuple(hashes) if params.base_seed is not None else None)
@@ -356,13 +365,51 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
-    """Collect the (at most ``resolution``) cell counts and run the mechanism on the driver."""
-    counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
-    pdf = to_arrow(counts).to_pandas()
-    if pdf.empty:
-        pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
-    out = release_group(pdf, params)
-    return pa.Table.from_pandas(out, preserve_index=False)
+    """No grouping. With bounds, in at most two jobs: pass 1 collects rows per coarse cell (at
+    most 2**20 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp then
+    gets the grid indices of the reachable coarse cells (pass 2, filtered by cell ranges) and the
+    pruned cells at their left edges (:mod:`dpq_spark.core.coarse_bands`); any other mechanism
+    runs on the coarse cells. Without bounds, bucket counts in one job."""
+    if req.lower is None:
+        counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
+        pdf = to_arrow(counts).to_pandas()
+        if pdf.empty:
+            pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
+        out = release_group(pdf, params)
+        return pa.Table.from_pandas(out, preserve_index=False)
+    coarse = to_arrow(flow.coarse_counts(rows, req.lower, req.upper))
+    cells = coarse.column(CELL).to_numpy().astype(np.int64)
+    counts = coarse.column(COUNT).to_numpy().astype(np.int64)
+    order = np.argsort(cells, kind="stable")
+    cells, counts = cells[order], counts[order]
+    started = _release._start_group(int(counts.sum()), None, 0, params)
+    source, name, eps = started
+    if name != "joint_exp":
+        values = _release._run_coarse(name, cells, counts, source, eps, params)
+    else:
+        q = np.asarray(params.quantiles, dtype=np.float64)
+        grid = Grid(req.lower, req.upper)
+        c = eps / (2.0 * joint_exp_sensitivity(q, NeighboringRelation.parse(params.neighboring)))
+        keep = reachable(cells, counts, q, c, grid.steps)
+        k = w = np.empty(0, dtype=np.int64)
+        if keep.any():
+            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, _ranges(keep, cells)))
+            k = fine.column(CELL).to_numpy().astype(np.int64)
+            w = fine.column(COUNT).to_numpy().astype(np.int64)
+        k, w = represent(k, w, cells, counts, keep)
+        values = grid.value(joint_exp_indices(k, w, grid.size, q, epsilon=eps,
+                                              neighboring=params.neighboring, rng=source))
+    m = len(params.quantiles)
+    return pa.table({"quantile": pa.array(params.quantiles, type=pa.float64()),
+                     "value": pa.array(values, type=pa.float64()),
+                     MECHANISM: pa.array([name] * m, type=pa.string())})
+
+
+def _ranges(keep, cells):
+    """Inclusive ranges of coarse cells holding every kept cell and no pruned one (empty cells
+    between kept ones are included: they hold no rows)."""
+    runs = np.flatnonzero(np.diff(np.r_[0, keep.astype(np.int8), 0]))
+    return [(int(cells[a]), int(cells[b - 1])) for a, b in zip(runs[::2], runs[1::2])]
 
 
 def _materialise(req: QuantileRequest, table) -> DataFrame:

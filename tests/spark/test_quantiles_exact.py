@@ -1,0 +1,213 @@
+"""dp_quantiles gives JointExp each group's data on the core's own grid (issue 11).
+
+The equality tests replay the release with the core: the same per-group randomness
+(``default_rng([base_seed, xxhash64(key)])``, where ``base_seed`` is the third 63-bit draw from
+the caller's Generator) and the raw values. Spark's grid index equals ``Grid.snap``, so the
+core's ``joint_exp`` on the raw values must release the very same numbers. With the fold budget
+lowered, groups take the spill path: there the release must be the core's JointExp on the
+*represented* data (:mod:`dpq_spark.core.coarse_bands`), and the tests check that pruning ran.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("pyspark")
+from pyspark.sql import functions as F  # noqa: E402
+
+from dpq_spark import dp_quantiles  # noqa: E402
+from dpq_spark.core import coarse_bands as cb  # noqa: E402
+from dpq_spark.core import joint_exp  # noqa: E402
+from dpq_spark.core._random import resolve_rng  # noqa: E402
+from dpq_spark.core.choose import auto  # noqa: E402
+from dpq_spark.core.grid import Grid  # noqa: E402
+from dpq_spark.core.joint_exp import joint_exp_indices  # noqa: E402
+from dpq_spark.spark import _release  # noqa: E402
+from dpq_spark.spark._dataflow import VALUE, grid_index_column  # noqa: E402
+
+A, B = 0.0, 2e9
+GRID = Grid(A, B)
+Q = [0.1, 0.5, 0.9]
+CELL_S = (B - A) / 2**20  # one 2**20-cell of the old data path: 1,907 s
+_C = 1.0 / (2 * 2 * (1 - 0.1))  # epsilon 1, add/remove, smallest quantile gap 0.1
+
+
+def grouped_data():
+    gen = np.random.default_rng(4)
+    t0 = 1_234_567_890.0
+    lo = np.floor(t0 / CELL_S) * CELL_S  # left edge of one old 1,907 s cell
+    return {
+        # 1,000 timestamps inside one old cell of [0, 2e9]
+        "one_cell": lo + gen.uniform(0, CELL_S, 1000),
+        # 600 in that cell, 400 spread over +-1 day
+        "cell_and_day": np.concatenate([lo + gen.uniform(0, CELL_S, 600),
+                                        t0 + gen.uniform(-86_400, 86_400, 400)]),
+        # a cluster with far outliers (some below and above the bounds)
+        "outliers": np.concatenate([t0 + gen.normal(0, 3e5, 6000),
+                                    gen.uniform(-1e9, 3e9, 30)]),
+        "tiny": t0 + gen.uniform(0, 1e6, 3),
+    }
+
+
+def _frame(spark, data):
+    pdf = pd.DataFrame({"g": np.repeat(list(data), [v.size for v in data.values()]),
+                        "x": np.concatenate(list(data.values()))})
+    return spark.createDataFrame(pdf)
+
+
+def _group_rngs(spark, seed, names):
+    """The per-group generators dp_quantiles derives from ``default_rng(seed)``."""
+    source = resolve_rng(np.random.default_rng(seed))
+    source.seed63(), source.seed63()  # row and group seeds of contribution bounding
+    base = source.seed63()
+    hashes = (spark.createDataFrame([(n,) for n in names], "g string")
+              .select("g", F.xxhash64("g").alias("h")).toPandas())
+    h = dict(zip(hashes["g"], hashes["h"]))
+    return lambda name: np.random.default_rng([base, int(h[name]) % 2**64]), base
+
+
+def test_grid_index_in_spark_matches_grid_snap_bit_for_bit(spark):
+    gen = np.random.default_rng(1)
+    g = GRID.granularity
+    x = np.concatenate([gen.uniform(-1e9, 3e9, 3000), (np.arange(200) + 0.5) * g,
+                        (np.arange(200) + 0.5) * g + 1e9, np.nextafter((np.arange(50) + 0.5) * g, 0),
+                        [A, B, -0.0, g / 2, 1.5 * g, B - g / 2, np.nextafter(B, 0), 1e300, -1e300]])
+    df = spark.createDataFrame(pd.DataFrame({VALUE: x}))
+    got = df.select(grid_index_column(A, B).alias("k")).toPandas()["k"].to_numpy()
+    np.testing.assert_array_equal(got, GRID.snap(x))
+    # other bounds (negative lower, a span that is not a power of two)
+    a, b = -3.7, 11.3
+    y = np.concatenate([gen.uniform(-5, 13, 3000), [a, b, 0.0]])
+    df = spark.createDataFrame(pd.DataFrame({VALUE: y}))
+    got = df.select(grid_index_column(a, b).alias("k")).toPandas()["k"].to_numpy()
+    np.testing.assert_array_equal(got, Grid(a, b).snap(y))
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 0.1])
+def test_release_equals_core_on_raw_values_with_same_seed(spark, epsilon):
+    data = grouped_data()
+    names = [*data, "empty"]
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=epsilon, lower=A, upper=B,
+                       group_by="g", groups=names, mechanism="joint_exp",
+                       rng=np.random.default_rng(9)).toPandas()
+    rng_of, _ = _group_rngs(spark, 9, names)
+    for name in names:
+        got = out.loc[out["g"] == name, "value"].to_numpy()
+        want = joint_exp(data.get(name, np.zeros(0)), Q, epsilon=epsilon, lower=A, upper=B,
+                         rng=rng_of(name))
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    # the comparison can fail: another group's seed gives other numbers
+    other = joint_exp(data["one_cell"], Q, epsilon=epsilon, lower=A, upper=B,
+                      rng=rng_of("tiny"))
+    assert not np.array_equal(out.loc[out["g"] == "one_cell", "value"].to_numpy(), other)
+    if epsilon == 1.0:
+        truth = np.quantile(data["one_cell"], Q, method="inverted_cdf")
+        error = np.abs(out.loc[out["g"] == "one_cell", "value"].to_numpy() - truth)
+        assert error.max() < CELL_S / 10  # not the ~6e8 s of midpoints of empty cells
+
+
+def test_auto_release_equals_core_auto_with_same_seed(spark):
+    """mechanism="auto": the fold draws the noisy count, chooses, then runs JointExp on the
+    grid indices: the same numbers as the core's ``auto`` on the raw values."""
+    data = grouped_data()
+    names = list(data)
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       group_by="g", groups=names, rng=np.random.default_rng(5)).toPandas()
+    rng_of, _ = _group_rngs(spark, 5, names)
+    for name in names:
+        part = out[out["g"] == name]
+        want = auto(data[name], Q, epsilon=1.0, lower=A, upper=B, rng=rng_of(name))
+        assert set(part["mechanism"]) == {want.mechanism}
+        if want.mechanism == "joint_exp":
+            np.testing.assert_array_equal(part["value"].to_numpy(), np.asarray(want), err_msg=name)
+
+
+def _represented(x, epsilon=1.0):
+    k = GRID.snap(x)
+    fine_k, fine_w = np.unique(k, return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    keep = cb.reachable(cells, counts, Q, epsilon / (2 * 2 * (1 - 0.1)), GRID.steps)
+    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
+    return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep), keep
+
+
+def test_spill_path_releases_core_on_represented_data(spark, monkeypatch):
+    """Fold budget lowered to 64 pairs: every partition spills. The release is the core's
+    JointExp on the represented data, and the outlier group has pruned cells (so the
+    represented data differs from the fine data and the spill re-read was selective)."""
+    monkeypatch.setattr(_release, "FOLD_BUDGET", 64)
+    data = grouped_data()
+    names = [*data, "empty"]
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       group_by="g", groups=names, mechanism="joint_exp",
+                       rng=np.random.default_rng(11)).toPandas()
+    rng_of, _ = _group_rngs(spark, 11, names)
+    pruned_somewhere = False
+    for name in names:
+        x = data.get(name, np.zeros(0))
+        (k, w), keep = _represented(x)
+        pruned_somewhere |= not keep.all()
+        want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0, rng=rng_of(name)))
+        np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want,
+                                      err_msg=name)
+    assert pruned_somewhere
+    truth = np.quantile(data["outliers"], Q, method="inverted_cdf")
+    assert np.abs(out.loc[out["g"] == "outliers", "value"].to_numpy() - truth).max() < 5e4
+
+
+def test_spill_path_on_partition_selection(spark, monkeypatch):
+    """Keys from the data (mapInPandas): the same fold, spilled."""
+    monkeypatch.setattr(_release, "FOLD_BUDGET", 16)
+    data = grouped_data()
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=4.0, lower=A, upper=B,
+                       group_by="g", delta=1e-6, mechanism="joint_exp",
+                       rng=np.random.default_rng(2)).toPandas()
+    assert set(out["g"]) == {"one_cell", "cell_and_day", "outliers"}  # "tiny" is below threshold
+    for name in ["one_cell", "outliers"]:
+        truth = np.quantile(data[name], Q, method="inverted_cdf")
+        assert np.abs(out.loc[out["g"] == name, "value"].to_numpy() - truth).max() < 5e4, name
+
+
+def test_global_release_equals_core_on_represented_data(spark):
+    """No group_by: pass 1 (coarse counts), pass 2 (grid indices of reachable cells)."""
+    x = grouped_data()["outliers"]
+    df = spark.createDataFrame(pd.DataFrame({"x": x}))
+    out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       mechanism="joint_exp", rng=np.random.default_rng(3)).toPandas()
+    _, base = _group_rngs(spark, 3, [])
+    (k, w), keep = _represented(x)
+    assert not keep.all()
+    want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0,
+                                        rng=np.random.default_rng([base, 0])))
+    np.testing.assert_array_equal(out["value"].to_numpy(), want)
+    # a small global group keeps every cell: then it is the core on the raw values
+    small = grouped_data()["one_cell"]
+    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": small})), "x", quantiles=Q,
+                       epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng(3)).toPandas()
+    want = auto(small, Q, epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng([base, 0]))
+    assert out["mechanism"].iloc[0] == want.mechanism == "joint_exp"
+    np.testing.assert_array_equal(out["value"].to_numpy(), np.asarray(want))
+
+
+@pytest.mark.parametrize("budget", [_release.FOLD_BUDGET, 8])
+def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
+    """IndExp (and the others) run on the coarse cells' fixed representative grid points (a
+    per-record map of public constants), the same whether or not the fold spilled: the release
+    is the core's ind_exp on those points with the same seed."""
+    from dpq_spark.core.ind_exp import ind_exp
+
+    monkeypatch.setattr(_release, "FOLD_BUDGET", budget)
+    data = grouped_data()
+    names = list(data)
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=[0.5], epsilon=1.0, lower=A, upper=B,
+                       group_by="g", groups=names, mechanism="ind_exp",
+                       rng=np.random.default_rng(6)).toPandas()
+    rng_of, _ = _group_rngs(spark, 6, names)
+    for name in names:
+        cells, counts = np.unique(cb.coarse_of(GRID.snap(data[name])), return_counts=True)
+        want = ind_exp(GRID.value(cb.coarse_midpoints(cells)), [0.5], epsilon=1.0, lower=A,
+                       upper=B, counts=counts, rng=rng_of(name))
+        np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want)
+        assert set(out.loc[out["g"] == name, "mechanism"]) == {"ind_exp"}
