@@ -15,6 +15,7 @@ from dpq_spark.core._random import resolve_rng  # noqa: E402
 from dpq_spark.core._samplers import discrete_laplace  # noqa: E402
 from dpq_spark.spark import _release  # noqa: E402
 from dpq_spark.spark._release import CELL, KEY_HASH, UNITS, ReleaseParams  # noqa: E402
+from dpq_spark.core.grid import Grid  # noqa: E402
 from dpq_spark.spark._selection import laplace_scale, selection_threshold  # noqa: E402
 
 
@@ -26,55 +27,92 @@ def _params(**kw):
     return ReleaseParams(**base)
 
 
-@pytest.fixture
-def recorded(monkeypatch):
-    """Replace the mechanism by one that records what it was given."""
-    calls = []
+GRID = Grid(0.0, 1.0)  # the grid of _params(): indices 0 .. 2**32
 
-    def fake(values, quantiles, *, epsilon, lower, upper, neighboring, counts, rng):
-        calls.append((np.asarray(values).copy(), np.asarray(counts).copy()))
-        return np.full(len(quantiles), float(np.sum(counts)))
 
-    monkeypatch.setattr(_release, "get_mechanism", lambda name: fake)
+def _released(out, key):
+    return {key(r): r.value for r in out.itertuples()}
+
+
+@pytest.mark.parametrize("budget", [1 << 22, 40])
+def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budget):
+    """Exact counts per (group, grid index) across batches and merges; past the budget, exact
+    counts per (group, coarse cell) and the spill file gives back exact fine counts of the
+    coarse cells asked for."""
     monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)  # force several merges
-    return calls
+    gen = np.random.default_rng(0)
+    gids = gen.integers(0, 5, 6000)
+    k = np.where(gen.random(6000) < 0.5, gen.integers(0, 2**32 + 1, 6000),
+                 2**31 + gen.integers(0, 3 * 4096, 6000))
+    codes = (gids << 33) + k
+    fold = _release.Fold(budget)
+    try:
+        for i in range(0, codes.size, 333):
+            fold.add(codes[i:i + 333])
+        fold.finish()
+        want_codes, want_counts = np.unique(codes, return_counts=True)
+        index, counts = fold.arrays()
+        gid_list, starts, ends = fold.groups()
+        assert gid_list.tolist() == [0, 1, 2, 3, 4]
+        assert fold.spilled == (budget < want_codes.size)
+        if not fold.spilled:
+            assert index.tolist() == (want_codes - ((want_codes >> 33) << 33)).tolist()
+            assert counts.tolist() == want_counts.tolist()
+            return
+        coarse = (gids << 21) + (k >> 12)
+        c_codes, c_counts = np.unique(coarse, return_counts=True)
+        assert counts.tolist() == c_counts.tolist()
+        assert index.tolist() == (c_codes - ((c_codes >> 21) << 21)).tolist()
+        wanted = np.sort(c_codes[::3])
+        got_codes, got_counts = fold.fine_counts(wanted)
+        sel = np.isin(coarse, wanted)
+        e_codes, e_counts = np.unique(codes[sel], return_counts=True)
+        assert got_codes.tolist() == e_codes.tolist()
+        assert got_counts.tolist() == e_counts.tolist()
+    finally:
+        fold.close()
 
 
-def test_partition_counts_match_pandas_across_batches_and_merges(recorded):
+def test_partition_keys_restored_across_batches(monkeypatch):
+    """Keys from the data: every group is released once with its own rows (each group's rows
+    sit on one grid point, which a huge epsilon releases), null keys kept as a group, ints
+    restored."""
+    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)
     gen = np.random.default_rng(0)
     n = 5000
     k1 = gen.choice([1.0, 2.0, np.nan], n)  # an int key that pandas turned into float + NaN
     k2 = gen.choice(["a", "b"], n)
-    cells = gen.integers(0, 64, n)
+    point = {(a, b): 1000 * (i + 1) for i, (a, b) in
+             enumerate([(x, y) for x in (1.0, 2.0, "nan") for y in ("a", "b")])}
+    cells = [point[("nan" if np.isnan(a) else a, b)] for a, b in zip(k1, k2)]
     pdf = pd.DataFrame({"k1": k1, "k2": k2, CELL: cells})
     batches = [pdf.iloc[i:i + 333] for i in range(0, n, 333)]
-    out = pd.concat(list(_release.release_partition(iter(batches), _params())), ignore_index=True)
-
-    truth = pdf.groupby(["k1", "k2"], dropna=False).size()
-    assert len(out) == len(truth) == len(recorded)
-    got = {(None if r.k1 is None else r.k1, r.k2): r.value for r in out.itertuples()}
-    for (a, b), size in truth.items():
-        key = (None if np.isnan(a) else int(a), b)
-        assert got[key] == size  # every row counted once, null keys kept as a group
+    out = pd.concat(list(_release.release_partition(iter(batches), _params(epsilon=1e4))),
+                    ignore_index=True)
+    got = _released(out, lambda r: (r.k1, r.k2))
+    assert len(got) == len(out) == 6
+    for (a, b), k in point.items():
+        key = (None if a == "nan" else int(a), b)
+        assert got[key] == GRID.value(k)
     assert all(isinstance(k[0], (int, type(None))) for k in got)  # ints restored, NaN -> None
-    for values, counts in recorded:
-        assert np.all(np.diff(values) > 0) and counts.min() >= 1  # sorted distinct cells
 
 
-def test_units_and_key_hash_are_carried(recorded):
-    pdf = pd.DataFrame({"k1": [1, 1, 2], "k2": ["a", "a", "b"], CELL: [3, 3, 5],
-                        UNITS: [1, 0, 1], KEY_HASH: [11, 11, 22]})
+def test_units_and_key_hash_are_carried():
+    pdf = pd.DataFrame({"k1": [1] * 200 + [2] * 200, "k2": ["a"] * 200 + ["b"] * 200,
+                        CELL: [3] * 200 + [5] * 200, UNITS: [1, 0] * 200,
+                        KEY_HASH: [11] * 200 + [22] * 200})
     params = _params(threshold=-math.inf, noise_scale=1.0, extra_columns=(UNITS, KEY_HASH),
-                     base_seed=5)
+                     base_seed=5, epsilon=1e4)
     out = pd.concat(list(_release.release_partition(iter([pdf]), params)))
-    assert sorted(out["value"]) == [1.0, 2.0]
+    assert sorted(out["value"]) == [GRID.value(3), GRID.value(5)]
 
 
-def test_partition_selection_drops_a_group_below_the_threshold(recorded):
+def test_partition_selection_drops_a_group_below_the_threshold():
     pdf = pd.DataFrame({"k1": [1] * 5, "k2": ["a"] * 5, CELL: [1, 2, 3, 4, 5]})
     params = _params(threshold=1e9, noise_scale=1.0)
-    assert pd.concat(list(_release.release_partition(iter([pdf]), params))).empty
-    assert recorded == []
+    assert sum(len(f) for f in _release.release_partition(iter([pdf]), params)) == 0
+    params = _params(threshold=-1e9, noise_scale=1.0)  # and a low threshold keeps it
+    assert sum(len(f) for f in _release.release_partition(iter([pdf]), params)) == 1
 
 
 def test_cell_values_are_midpoints_inside_bounds():
@@ -124,17 +162,21 @@ def test_new_key_released_with_probability_at_most_delta(groups):
         assert np.mean(np.any(1 + noise >= wrong, axis=1)) > delta + 10 * se
 
 
-def test_packed_codes_are_counted_per_key_index(recorded):
-    """Public-key path: one int64 code = key index * resolution + cell per row."""
+@pytest.mark.parametrize("budget", [1 << 22, 4])
+def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
+    """Public-key path: one int64 code = key index * 2**33 + grid index per row; spilled or
+    not, each key index is released from its own rows."""
+    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)
     gen = np.random.default_rng(3)
     gids = gen.integers(0, 7, 4000)
-    cells = gen.integers(0, 64, 4000)
-    codes = gids * 64 + cells
+    k = 5000 * (gids + 1) + gen.integers(0, 3, 4000)  # each group within a few grid points
+    codes = (gids << 33) + k
     batches = [pd.DataFrame({_release.CODE: codes[i:i + 450]}) for i in range(0, 4000, 450)]
-    params = _params(keys=("g",), integral_keys=(True,), extra_columns=(_release.CODE,))
+    params = _params(keys=("g",), integral_keys=(True,), extra_columns=(_release.CODE,),
+                     epsilon=1e4, fold_budget=budget)
     out = pd.concat(list(_release.release_partition(iter(batches), params)), ignore_index=True)
     assert list(out.columns) == [_release.GID, "quantile", "value", "mechanism"]
-    assert set(out["mechanism"]) == {"joint_exp"}  # the recording mechanism has no name: params'
-    expected = pd.Series(gids).value_counts().sort_index()
-    assert out[_release.GID].tolist() == expected.index.tolist()
-    assert out["value"].tolist() == expected.astype(float).tolist()
+    assert set(out["mechanism"]) == {"joint_exp"}
+    assert out[_release.GID].tolist() == list(range(7))
+    for g, value in zip(out[_release.GID], out["value"]):
+        assert GRID.value(np.median(k[gids == g])) == value
