@@ -19,8 +19,13 @@ from dpq_spark.core._samplers import discrete_laplace
 from dpq_spark.core.choose import plan_auto
 from dpq_spark.core.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, reachable, represent
 from dpq_spark.core.grid import Grid
+from dpq_spark.core.ind_exp import ind_exp_indices
 from dpq_spark.core.joint_exp import joint_exp_indices
-from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
+from dpq_spark.core.privacy import (
+    NeighboringRelation,
+    joint_exp_sensitivity,
+    single_quantile_sensitivity,
+)
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams", "cell_values",
@@ -389,12 +394,42 @@ def _start_group(n: int, units, key_hash, params: ReleaseParams):
     return source, name, rest
 
 
-def _run_joint_exp(k, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
-    """JointExp on grid indices (exact or represented data), released as grid values."""
+#: Mechanisms that get the group's grid indices (exact, or the represented data of a spilled
+#: group, built from their bands); the others get coarse cells.
+FINE_MECHANISMS = ("joint_exp", "ind_exp")
+
+
+def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
+    """JointExp or IndExp on grid indices (exact or represented data), released as grid
+    values: the same draws as the core's ``joint_exp``/``ind_exp`` on values with these
+    indices."""
     grid = _grid(params)
-    out = joint_exp_indices(k, counts, grid.size, np.asarray(params.quantiles, dtype=np.float64),
-                            epsilon=epsilon, neighboring=params.neighboring, rng=source)
+    run = joint_exp_indices if name == "joint_exp" else ind_exp_indices
+    out = run(k, counts, grid.size, np.asarray(params.quantiles, dtype=np.float64),
+              epsilon=epsilon, neighboring=params.neighboring, rng=source)
     return grid.value(out)
+
+
+def band_keep(name, cells, counts, epsilon, params: ReleaseParams) -> np.ndarray:
+    """The coarse cells a spilled group must bring at full precision for mechanism ``name``.
+
+    JointExp: :func:`~dpq_spark.core.coarse_bands.reachable` at ``c = epsilon / (2 Delta)``.
+    IndExp: each quantile's draw is JointExp with m = 1 at half its ``c`` (weight
+    ``exp(-c_q |rho - q n|)`` with ``c_q = (epsilon / m) / (2 Delta_q)`` is ``exp(c u)`` for
+    ``u = -2 |rho - q n|``); the union of the m bands (keeping more cells only shrinks what is
+    pruned), so each draw is within total variation 2**-59 of its draw on the fine data.
+    """
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    relation = NeighboringRelation.parse(params.neighboring)
+    steps = _grid(params).steps
+    if name == "joint_exp":
+        return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
+                         steps)
+    keep = np.zeros(len(cells), dtype=bool)
+    for qj in q:
+        c = (epsilon / q.size) / (2.0 * single_quantile_sensitivity(float(qj), relation)) / 2.0
+        keep |= reachable(cells, counts, [qj], c, steps)
+    return keep
 
 
 def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
@@ -427,8 +462,8 @@ def release_fine(k, counts, units, key_hash, params: ReleaseParams):
     if started is None:
         return None
     source, name, eps = started
-    if name == "joint_exp":
-        return _run_joint_exp(k, counts, source, eps, params), name
+    if name in FINE_MECHANISMS:
+        return _run_fine(name, k, counts, source, eps, params), name
     return _run_coarse(name, *_to_coarse(k, counts), source, eps, params), name
 
 
@@ -444,8 +479,9 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
             if got is not None:
                 out.append((gid, *got))
         return out
-    # Spilled: choose per group from exact coarse counts; JointExp groups get their reachable
-    # cells' fine counts from the spill file (one pass over it), the others coarse cells.
+    # Spilled: choose per group from exact coarse counts; JointExp/IndExp groups get their
+    # reachable cells' fine counts from the spill file (one pass over it), the others coarse
+    # cells.
     pending = []
     wanted = []
     for gid, a, b in zip(gids.tolist(), starts, ends):
@@ -454,21 +490,19 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
         if started is None:
             continue
         source, name, eps = started
-        if name != "joint_exp":
+        if name not in FINE_MECHANISMS:
             out.append((gid, _run_coarse(name, cells, ccounts, source, eps, params), name))
             continue
-        c = eps / (2.0 * joint_exp_sensitivity(np.asarray(params.quantiles, dtype=np.float64),
-                                              NeighboringRelation.parse(params.neighboring)))
-        keep = reachable(cells, ccounts, params.quantiles, c, _grid(params).steps)
-        pending.append((gid, cells, ccounts, keep, source, eps))
+        keep = band_keep(name, cells, ccounts, eps, params)
+        pending.append((gid, cells, ccounts, keep, source, eps, name))
         wanted.append((gid << Fold._COARSE_SHIFT) + cells[keep])
     if pending:
         codes, fine = fold.fine_counts(np.sort(np.concatenate(wanted)))
         fgid = codes >> Fold.SHIFT
-        for gid, cells, ccounts, keep, source, eps in pending:
+        for gid, cells, ccounts, keep, source, eps, name in pending:
             a, b = np.searchsorted(fgid, [gid, gid + 1])
             k, w = represent(codes[a:b] - (gid << Fold.SHIFT), fine[a:b], cells, ccounts, keep)
-            out.append((gid, _run_joint_exp(k, w, source, eps, params), "joint_exp"))
+            out.append((gid, _run_fine(name, k, w, source, eps, params), name))
         out.sort(key=lambda t: t[0])
     return out
 

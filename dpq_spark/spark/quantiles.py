@@ -13,10 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dpq_spark.core.coarse_bands import reachable, represent
-from dpq_spark.core.grid import Grid
-from dpq_spark.core.joint_exp import joint_exp_indices
-from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
+from dpq_spark.core.coarse_bands import represent
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark import _release
 from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
@@ -366,10 +363,10 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
     """No grouping. With bounds, in at most two jobs: pass 1 collects rows per coarse cell (at
-    most 2**20 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp then
-    gets the grid indices of the reachable coarse cells (pass 2, filtered by cell ranges) and the
-    pruned cells at their left edges (:mod:`dpq_spark.core.coarse_bands`); any other mechanism
-    runs on the coarse cells. Without bounds, bucket counts in one job."""
+    most 2**20 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp and
+    IndExp then get the grid indices of their reachable coarse cells (pass 2, filtered by cell
+    ranges) and the pruned cells at their left edges (:mod:`dpq_spark.core.coarse_bands`); the
+    other mechanisms run on the coarse cells. Without bounds, bucket counts in one job."""
     if req.lower is None:
         counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
         pdf = to_arrow(counts).to_pandas()
@@ -384,21 +381,17 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
     cells, counts = cells[order], counts[order]
     started = _release._start_group(int(counts.sum()), None, 0, params)
     source, name, eps = started
-    if name != "joint_exp":
+    if name not in _release.FINE_MECHANISMS:
         values = _release._run_coarse(name, cells, counts, source, eps, params)
     else:
-        q = np.asarray(params.quantiles, dtype=np.float64)
-        grid = Grid(req.lower, req.upper)
-        c = eps / (2.0 * joint_exp_sensitivity(q, NeighboringRelation.parse(params.neighboring)))
-        keep = reachable(cells, counts, q, c, grid.steps)
+        keep = _release.band_keep(name, cells, counts, eps, params)
         k = w = np.empty(0, dtype=np.int64)
         if keep.any():
             fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, _ranges(keep, cells)))
             k = fine.column(CELL).to_numpy().astype(np.int64)
             w = fine.column(COUNT).to_numpy().astype(np.int64)
         k, w = represent(k, w, cells, counts, keep)
-        values = grid.value(joint_exp_indices(k, w, grid.size, q, epsilon=eps,
-                                              neighboring=params.neighboring, rng=source))
+        values = _release._run_fine(name, k, w, source, eps, params)
     m = len(params.quantiles)
     return pa.table({"quantile": pa.array(params.quantiles, type=pa.float64()),
                      "value": pa.array(values, type=pa.float64()),

@@ -23,6 +23,7 @@ from dpq_spark.core import joint_exp  # noqa: E402
 from dpq_spark.core._random import resolve_rng  # noqa: E402
 from dpq_spark.core.choose import auto  # noqa: E402
 from dpq_spark.core.grid import Grid  # noqa: E402
+from dpq_spark.core.ind_exp import ind_exp, ind_exp_indices  # noqa: E402
 from dpq_spark.core.joint_exp import joint_exp_indices  # noqa: E402
 from dpq_spark.spark import _release  # noqa: E402
 from dpq_spark.spark._dataflow import VALUE, grid_index_column  # noqa: E402
@@ -85,24 +86,25 @@ def test_grid_index_in_spark_matches_grid_snap_bit_for_bit(spark):
     np.testing.assert_array_equal(got, Grid(a, b).snap(y))
 
 
-@pytest.mark.parametrize("epsilon", [1.0, 0.1])
-def test_release_equals_core_on_raw_values_with_same_seed(spark, epsilon):
+@pytest.mark.parametrize("epsilon, mechanism", [(1.0, "joint_exp"), (0.1, "joint_exp"),
+                                                (1.0, "ind_exp")])
+def test_release_equals_core_on_raw_values_with_same_seed(spark, epsilon, mechanism):
     data = grouped_data()
     names = [*data, "empty"]
+    core = {"joint_exp": joint_exp, "ind_exp": ind_exp}[mechanism]
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=epsilon, lower=A, upper=B,
-                       group_by="g", groups=names, mechanism="joint_exp",
+                       group_by="g", groups=names, mechanism=mechanism,
                        rng=np.random.default_rng(9)).toPandas()
     rng_of, _ = _group_rngs(spark, 9, names)
     for name in names:
         got = out.loc[out["g"] == name, "value"].to_numpy()
-        want = joint_exp(data.get(name, np.zeros(0)), Q, epsilon=epsilon, lower=A, upper=B,
-                         rng=rng_of(name))
+        want = core(data.get(name, np.zeros(0)), Q, epsilon=epsilon, lower=A, upper=B,
+                    rng=rng_of(name))
         np.testing.assert_array_equal(got, want, err_msg=name)
     # the comparison can fail: another group's seed gives other numbers
-    other = joint_exp(data["one_cell"], Q, epsilon=epsilon, lower=A, upper=B,
-                      rng=rng_of("tiny"))
+    other = core(data["one_cell"], Q, epsilon=epsilon, lower=A, upper=B, rng=rng_of("tiny"))
     assert not np.array_equal(out.loc[out["g"] == "one_cell", "value"].to_numpy(), other)
-    if epsilon == 1.0:
+    if epsilon == 1.0 and mechanism == "joint_exp":
         truth = np.quantile(data["one_cell"], Q, method="inverted_cdf")
         error = np.abs(out.loc[out["g"] == "one_cell", "value"].to_numpy() - truth)
         assert error.max() < CELL_S / 10  # not the ~6e8 s of midpoints of empty cells
@@ -124,16 +126,25 @@ def test_auto_release_equals_core_auto_with_same_seed(spark):
             np.testing.assert_array_equal(part["value"].to_numpy(), np.asarray(want), err_msg=name)
 
 
-def _represented(x, epsilon=1.0):
+def _represented(x, mechanism="joint_exp"):
+    """The represented data of a spilled group, computed here from the raw values (epsilon 1,
+    add/remove, Q). IndExp's band: the union over quantiles of m = 1 bands at half the
+    single-quantile c = (1/3) / (2 max(q, 1 - q))."""
     k = GRID.snap(x)
     fine_k, fine_w = np.unique(k, return_counts=True)
     cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
-    keep = cb.reachable(cells, counts, Q, epsilon / (2 * 2 * (1 - 0.1)), GRID.steps)
+    if mechanism == "joint_exp":
+        keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), GRID.steps)
+    else:
+        keep = np.zeros(cells.size, dtype=bool)
+        for q in Q:
+            keep |= cb.reachable(cells, counts, [q], (1 / 3) / (2 * max(q, 1 - q)) / 2, GRID.steps)
     kept = np.isin(cb.coarse_of(fine_k), cells[keep])
     return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep), keep
 
 
-def test_spill_path_releases_core_on_represented_data(spark, monkeypatch):
+@pytest.mark.parametrize("mechanism", ["joint_exp", "ind_exp"])
+def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechanism):
     """Fold budget lowered to 64 pairs: every partition spills. The release is the core's
     JointExp on the represented data, and the outlier group has pruned cells (so the
     represented data differs from the fine data and the spill re-read was selective)."""
@@ -141,15 +152,16 @@ def test_spill_path_releases_core_on_represented_data(spark, monkeypatch):
     data = grouped_data()
     names = [*data, "empty"]
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
-                       group_by="g", groups=names, mechanism="joint_exp",
+                       group_by="g", groups=names, mechanism=mechanism,
                        rng=np.random.default_rng(11)).toPandas()
     rng_of, _ = _group_rngs(spark, 11, names)
+    run = {"joint_exp": joint_exp_indices, "ind_exp": ind_exp_indices}[mechanism]
     pruned_somewhere = False
     for name in names:
         x = data.get(name, np.zeros(0))
-        (k, w), keep = _represented(x)
+        (k, w), keep = _represented(x, mechanism)
         pruned_somewhere |= not keep.all()
-        want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0, rng=rng_of(name)))
+        want = GRID.value(run(k, w, GRID.size, Q, epsilon=1.0, rng=rng_of(name)))
         np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want,
                                       err_msg=name)
     assert pruned_somewhere
@@ -193,21 +205,21 @@ def test_global_release_equals_core_on_represented_data(spark):
 
 @pytest.mark.parametrize("budget", [_release.FOLD_BUDGET, 8])
 def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
-    """IndExp (and the others) run on the coarse cells' fixed representative grid points (a
-    per-record map of public constants), the same whether or not the fold spilled: the release
-    is the core's ind_exp on those points with the same seed."""
-    from dpq_spark.core.ind_exp import ind_exp
+    """ApproxQuantiles (and AggTree) run on the coarse cells' fixed representative grid points
+    (a per-record map of public constants), the same whether or not the fold spilled: the
+    release is the core's approx_quantiles on those points with the same seed."""
+    from dpq_spark.core.approx_quantiles import approx_quantiles
 
     monkeypatch.setattr(_release, "FOLD_BUDGET", budget)
     data = grouped_data()
     names = list(data)
-    out = dp_quantiles(_frame(spark, data), "x", quantiles=[0.5], epsilon=1.0, lower=A, upper=B,
-                       group_by="g", groups=names, mechanism="ind_exp",
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       group_by="g", groups=names, mechanism="approx_quantiles",
                        rng=np.random.default_rng(6)).toPandas()
     rng_of, _ = _group_rngs(spark, 6, names)
     for name in names:
         cells, counts = np.unique(cb.coarse_of(GRID.snap(data[name])), return_counts=True)
-        want = ind_exp(GRID.value(cb.coarse_midpoints(cells)), [0.5], epsilon=1.0, lower=A,
-                       upper=B, counts=counts, rng=rng_of(name))
+        want = approx_quantiles(GRID.value(cb.coarse_midpoints(cells)), Q, epsilon=1.0, lower=A,
+                                upper=B, counts=counts, rng=rng_of(name))
         np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want)
-        assert set(out.loc[out["g"] == name, "mechanism"]) == {"ind_exp"}
+        assert set(out.loc[out["g"] == name, "mechanism"]) == {"approx_quantiles"}
