@@ -521,66 +521,64 @@ def release_partition(batches, params: ReleaseParams):
     total variation 2**-59); without bounds they are counted per (group, bucket), at most
     ``BUCKETS`` per group.
     """
+    fold = None if params.bounds_free else Fold(params.fold_budget)
+    try:
+        yield from _release_partition(batches, params, fold)
+    finally:
+        if fold is not None:
+            fold.close()  # deletes the spill file, also when the task fails
+
+
+def _release_partition(batches, params: ReleaseParams, fold):
     keys = list(params.keys)
-    bounded = not params.bounds_free
-    span = (1 << Fold.SHIFT) if bounded else params.resolution
+    span = (1 << Fold.SHIFT) if fold is not None else params.resolution
     packed = CODE in params.extra_columns
     gid_of: dict = {}
     key_values: list[tuple] = []
     key_hashes: list = []
     units = np.zeros(0, dtype=np.int64)
-    fold = Fold(params.fold_budget) if bounded else None
-    counter = None if bounded else _Counter()
-    try:
-        for pdf in batches:
-            if len(pdf) == 0:
-                continue
-            if packed:  # key index and cell already packed into one int64 by Spark
-                codes = np.asarray(pdf[CODE], dtype=np.int64)  # pandas or Arrow batch
-            else:
-                if len(keys) == 1:
-                    local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
-                else:
-                    local = pdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
-                local = np.asarray(local, dtype=np.int64)
-                _, first = np.unique(local, return_index=True)
-                firsts = pdf.iloc[first]
-                to_gid = np.empty(len(first), dtype=np.int64)
-                hashes = firsts[KEY_HASH].tolist() if KEY_HASH in pdf.columns else [0] * len(first)
-                for j, values in enumerate(firsts[keys].itertuples(index=False, name=None)):
-                    norm = _normal_key(values)
-                    gid = gid_of.get(norm)
-                    if gid is None:
-                        gid = gid_of[norm] = len(key_values)
-                        key_values.append(values)
-                        key_hashes.append(hashes[j])
-                    to_gid[j] = gid
-                gids = to_gid[local]
-                codes = gids * span + pdf[CELL].to_numpy(dtype=np.int64)
-                if UNITS in pdf.columns:
-                    add = np.bincount(gids, weights=pdf[UNITS].to_numpy(dtype=np.float64),
-                                      minlength=len(key_values)).astype(np.int64)
-                    units = np.concatenate(
-                        [units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
-            if bounded:
-                fold.add(codes)
-            else:
-                counter.add(codes)
-        if packed:
-            hash_of = (lambda gid: params.key_hashes[gid]) if params.key_hashes is not None \
-                else (lambda gid: 0)
+    sink = fold if fold is not None else _Counter()
+    for pdf in batches:
+        if len(pdf) == 0:
+            continue
+        if packed:  # key index and grid index already packed into one int64 by Spark
+            sink.add(np.asarray(pdf[CODE], dtype=np.int64))  # pandas or Arrow batch
+            continue
+        if len(keys) == 1:
+            local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
         else:
-            hash_of = key_hashes.__getitem__
-        units_of = (lambda gid: int(units[gid])) if UNITS in params.extra_columns \
-            else (lambda gid: None)
-        if bounded:
-            fold.finish()
-            released = _release_fold(fold, params, units_of, hash_of)
-        else:
-            released = _release_buckets(counter, span, params, units_of, hash_of)
-    finally:
-        if fold is not None:
-            fold.close()
+            local = pdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
+        local = np.asarray(local, dtype=np.int64)
+        _, first = np.unique(local, return_index=True)
+        firsts = pdf.iloc[first]
+        to_gid = np.empty(len(first), dtype=np.int64)
+        hashes = firsts[KEY_HASH].tolist() if KEY_HASH in pdf.columns else [0] * len(first)
+        for j, values in enumerate(firsts[keys].itertuples(index=False, name=None)):
+            norm = _normal_key(values)
+            gid = gid_of.get(norm)
+            if gid is None:
+                gid = gid_of[norm] = len(key_values)
+                key_values.append(values)
+                key_hashes.append(hashes[j])
+            to_gid[j] = gid
+        gids = to_gid[local]
+        sink.add(gids * span + pdf[CELL].to_numpy(dtype=np.int64))
+        if UNITS in pdf.columns:
+            add = np.bincount(gids, weights=pdf[UNITS].to_numpy(dtype=np.float64),
+                              minlength=len(key_values)).astype(np.int64)
+            units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
+    if packed:
+        hash_of = (lambda gid: params.key_hashes[gid]) if params.key_hashes is not None \
+            else (lambda gid: 0)
+    else:
+        hash_of = key_hashes.__getitem__
+    units_of = (lambda gid: int(units[gid])) if UNITS in params.extra_columns \
+        else (lambda gid: None)
+    if fold is not None:
+        fold.finish()
+        released = _release_fold(fold, params, units_of, hash_of)
+    else:
+        released = _release_buckets(sink, span, params, units_of, hash_of)
     m = len(params.quantiles)
     q = np.asarray(params.quantiles, dtype=np.float64)
     for lo in range(0, len(released), _OUTPUT_GROUPS):

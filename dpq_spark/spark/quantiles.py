@@ -101,8 +101,8 @@ def dp_quantiles(
         With ``group_by`` and no ``groups``: select keys from the data by DP partition selection,
         making the release ``(epsilon, delta)``-DP.
     resolution : int, optional
-        Number of equal cells of the value grid over ``[lower, upper]`` (at most 2**30;
-        default 2**20). Only with bounds: without them the grid is the fixed log-scale one.
+        Validated (at most 2**30; only with bounds) but no longer used: with bounds the values
+        go to the core's 2**32-step grid (see Notes). Kept so existing calls keep working.
     mechanism : str, default "auto"
         ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
         row count: public under swap, else a noisy count with 5% of the group's epsilon;
@@ -137,19 +137,27 @@ def dp_quantiles(
     Notes
     -----
     Data path (see ``docs/spark.md``): Spark casts the column to double, drops null/NaN, clamps
-    it to ``[lower, upper]`` and maps each value to one of ``resolution`` equal cells (built-in
-    functions only). Ungrouped, it counts rows per cell (partial aggregation, at most
-    ``resolution`` rows) and the mechanism runs on the driver. Grouped, rows are hash
-    partitioned by key (one shuffle, no sort); with public keys Spark packs the key's index and
-    the cell into one int64 and ``mapInArrow`` streams the codes, with partition selection
-    ``mapInPandas`` streams keys and cells. Either way Python folds each partition into counts
-    per distinct (group, cell) every few million rows, so it never holds a group's raw rows and
-    a group costs at most ``resolution`` counts however many rows it has. The mechanism sees
-    cell midpoints with counts. Rounding to midpoints moves every value by at most
-    ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at most that much to
-    the error of every released quantile (about 4.8e-7 of the range at the default). The public
-    key list (``|groups|`` rows) is collected to the driver and joined (broadcast up to 200,000
-    keys); the release (``|groups| x len(quantiles)`` rows) is collected too.
+    it to ``[lower, upper]`` and maps each value to its index ``k`` on the core's default grid
+    ``Grid(lower, upper)`` (2**32 steps; the same float64 operations as ``Grid.snap``, built-in
+    functions only). Grouped, rows are hash partitioned by key (one shuffle, no sort); with
+    public keys Spark packs the key's index and ``k`` into one int64 and ``mapInArrow`` streams
+    the codes, with partition selection ``mapInPandas`` streams keys and ``k``. Python folds
+    each partition into counts per distinct (group, k), so it never holds raw rows. While the
+    partition's distinct pairs stay within a budget (2**22) every group gets its exact grid
+    data, and JointExp and IndExp release exactly what the core's ``joint_exp``/``ind_exp``
+    release on the raw values. Past the budget the partition spills its pairs to a local
+    temporary file and keeps counts per (group, coarse cell of 4,096 grid points), at most
+    2**20 + 1 per group however many rows it has; after the noisy count and choice of each
+    group, JointExp (IndExp) gets the exact ``k`` of the coarse cells it can reach, read back
+    from the file, and each other cell's rows at the cell's left edge: within total variation
+    2**-59 of the same mechanism on the grid data (:mod:`dpq_spark.core.coarse_bands`).
+    ApproxQuantiles and AggTree always see coarse cells (each row at its cell's middle grid
+    point, within 4.8e-7 of the span). Ungrouped, Spark counts rows per coarse cell (at most
+    2**20 + 1 rows collected), the driver chooses, and a second job brings the counts per ``k``
+    of the reachable cells only. The public key list (``|groups|`` rows) is collected to the
+    driver and joined (broadcast up to 200,000 keys); the release (``|groups| x
+    len(quantiles)`` rows) is collected too. ``resolution`` is validated but no longer used
+    with bounds.
 
     Without bounds, Spark cannot place values in cells of ``[lower, upper]``; instead each
     value goes to a bucket of a public log-scale grid, computed with built-ins from the value
@@ -194,6 +202,14 @@ def dp_quantiles(
 
     The mechanism named by ``mechanism`` must be ``epsilon``-DP for one row under
     ``neighboring`` (all offered ones are: JointExp, IndExp, ApproxQuantiles, AggTree, auto).
+
+    As implemented (float64 weights, exact integer draws), each mechanism is ``(epsilon + eta,
+    delta)``-DP with the core's tiny ``eta`` and ``delta`` (:mod:`dpq_spark.core.joint_exp`).
+    With bounds, JointExp and IndExp on a spilled group or on the ungrouped path run on
+    represented data whose release is within total variation 2**-59 of the release on the grid
+    data (per IndExp draw), giving ``delta = (1 + exp(epsilon + eta)) 2**-58`` (IndExp: m times
+    that); whether a partition spilled depends on its data, but both branches sample, within
+    that distance, the same distribution (:mod:`dpq_spark.core.coarse_bands`).
 
     Examples
     --------
