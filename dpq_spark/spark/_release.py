@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import functools
 import tempfile
 
 import numpy as np
@@ -217,7 +218,6 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 
 _COMPACT_ROWS = 1 << 22  # raw codes buffered before they are merged into counts
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
-_SPILL_CHUNK = 1 << 20  # (code, count) pairs read back per chunk
 
 
 def _normal_key(values: tuple) -> tuple:
@@ -271,9 +271,11 @@ class Fold:
 
     Codes are ``gid * 2**33 + k`` (``k`` the index on the default grid, at most ``2**32``).
     While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
-    it the fold *spills*: every (code, count) is appended to a temporary file in the worker's
-    temp directory (deleted by :meth:`close`), and memory keeps only counts per (group, coarse
-    cell ``k >> 12``), at most ``2**20 + 1`` per group whatever its number of rows.
+    it the fold *spills*: the codes are appended to a temporary file in the worker's temp
+    directory (deleted by :meth:`close`) in chunks of up to ``_COMPACT_ROWS`` rows, each stored
+    as raw codes (8 bytes a row) or as distinct (code, count) pairs when that is smaller, and
+    memory keeps only counts per (group, coarse cell ``k >> 12``), at most ``2**20 + 1`` per
+    group whatever its number of rows.
     :meth:`fine_counts` re-reads the file in chunks for the coarse cells asked for.
     """
 
@@ -298,28 +300,64 @@ class Fold:
             if self.fine.add(codes) and self.fine.codes.size > self.budget:
                 self._start_spill()
             return
-        self._write(*np.unique(codes, return_counts=True))
+        self._pending.append(codes)
+        self._pending_rows += codes.size
+        if self._pending_rows >= _COMPACT_ROWS:
+            self._flush()
 
     def finish(self) -> None:
         if self._spill is None:
             self.fine.compact()
             if self.fine.codes.size > self.budget:
                 self._start_spill()
+        self._flush()
         if self.coarse is not None:
             self.coarse.compact()
 
     def _start_spill(self) -> None:
         self._spill = tempfile.TemporaryFile(prefix="dpq_fold_")
+        self._pending, self._pending_rows = [], 0
         self.coarse = _Counter()
         codes, counts = self.fine.codes, self.fine.counts
         self.fine = _Counter()
         self._write(codes, counts)
 
+    def _flush(self) -> None:
+        if self._spill is None or not self._pending:
+            return
+        raw = np.sort(np.concatenate(self._pending))
+        self._pending, self._pending_rows = [], 0
+        codes, counts = _reduce_sorted(raw, np.ones(raw.size, dtype=np.int64))
+        if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
+            self._write(raw, None)
+            self.coarse.add(*_reduce_sorted(self.coarse_code(codes), counts))
+        else:
+            self._write(codes, counts)
+
     def _write(self, codes, counts) -> None:
-        pairs = np.empty((codes.size, 2), dtype=np.int64)
-        pairs[:, 0], pairs[:, 1] = codes, counts
-        self._spill.write(pairs.tobytes())
-        self.coarse.add(self.coarse_code(codes), counts)
+        """Append one chunk: header (size, has counts), the codes, then the counts if any."""
+        header = np.array([codes.size, counts is not None], dtype=np.int64)
+        self._spill.write(header.tobytes())
+        self._spill.write(np.ascontiguousarray(codes, dtype=np.int64).tobytes())
+        if counts is not None:
+            self._spill.write(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
+            self.coarse.add(*_reduce_sorted(self.coarse_code(codes), counts))
+
+    def _chunks(self):
+        """The spilled (codes, counts) chunks, read back one at a time."""
+        self._spill.flush()
+        self._spill.seek(0)
+        while True:
+            head = self._spill.read(16)
+            if not head:
+                return
+            size, has_counts = np.frombuffer(head, dtype=np.int64)
+            codes = np.frombuffer(self._spill.read(8 * int(size)), dtype=np.int64)
+            if has_counts:
+                counts = np.frombuffer(self._spill.read(8 * int(size)), dtype=np.int64)
+            else:
+                counts = np.ones(codes.size, dtype=np.int64)
+            yield codes, counts
 
     @classmethod
     def coarse_code(cls, codes):
@@ -351,18 +389,12 @@ class Fold:
         wanted = np.asarray(wanted, dtype=np.int64)
         if wanted.size == 0:
             return out.codes, out.counts
-        self._spill.flush()
-        self._spill.seek(0)
-        while True:
-            raw = self._spill.read(16 * _SPILL_CHUNK)
-            if not raw:
-                break
-            pairs = np.frombuffer(raw, dtype=np.int64).reshape(-1, 2)
-            coarse = self.coarse_code(pairs[:, 0])
+        for codes, counts in self._chunks():
+            coarse = self.coarse_code(codes)
             at = np.minimum(np.searchsorted(wanted, coarse), wanted.size - 1)
             hit = wanted[at] == coarse
             if hit.any():
-                out.add(pairs[hit, 0], pairs[hit, 1])
+                out.add(codes[hit], counts[hit])
         out.compact()
         return out.codes, out.counts
 
@@ -372,7 +404,12 @@ class Fold:
 
 
 def _grid(params: ReleaseParams) -> Grid:
-    return Grid(params.lower, params.upper)
+    return _grid_of(params.lower, params.upper)
+
+
+@functools.lru_cache(maxsize=8)
+def _grid_of(lower: float, upper: float) -> Grid:
+    return Grid(lower, upper)
 
 
 def _start_group(n: int, units, key_hash, params: ReleaseParams):

@@ -34,16 +34,18 @@ def _released(out, key):
     return {key(r): r.value for r in out.itertuples()}
 
 
-@pytest.mark.parametrize("budget", [1 << 22, 40])
-def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budget):
+@pytest.mark.parametrize("budget, ties", [(1 << 22, False), (40, False), (40, True)])
+def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budget, ties):
     """Exact counts per (group, grid index) across batches and merges; past the budget, exact
     counts per (group, coarse cell) and the spill file gives back exact fine counts of the
-    coarse cells asked for."""
+    coarse cells asked for (chunks of raw codes, or of pairs when values are tied)."""
     monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)  # force several merges
     gen = np.random.default_rng(0)
     gids = gen.integers(0, 5, 6000)
     k = np.where(gen.random(6000) < 0.5, gen.integers(0, 2**32 + 1, 6000),
                  2**31 + gen.integers(0, 3 * 4096, 6000))
+    if ties:  # 60 distinct values: every spilled chunk is stored as (code, count) pairs
+        k = np.sort(np.unique(k))[:60][gen.integers(0, 60, 6000)]
     codes = (gids << 33) + k
     fold = _release.Fold(budget)
     try:
