@@ -94,12 +94,16 @@ def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, m
     """Keep at most ``max_groups`` groups per unit and ``max_rows`` rows per (unit, group).
 
     Groups are ranked per unit by ``xxhash64(group_seed, unit, key...)``, a pseudo-random order
-    keyed by a secret seed; rows by ``rand(row_seed)``. Both choices depend only on the unit's
-    own rows and the seeds, so adding or removing one unit leaves the other units' kept rows
-    identically distributed. Adds ``UNITS`` = 1 on exactly one kept row per (unit, group).
+    keyed by a secret seed; rows by ``xxhash64(row_seed, unit, key..., value)`` then the value.
+    Both choices depend only on the unit's own rows and the seeds, so adding or removing one
+    unit leaves the other units' kept rows identically distributed. They are also
+    deterministic: rows equal in (unit, key, value) are interchangeable, so every evaluation of
+    the plan keeps the same multiset of values (the ungrouped path reads it twice). Adds
+    ``UNITS`` = 1 on exactly one kept row per (unit, group).
     """
-    rows = rows.withColumn(_RAND, F.rand(row_seed))
-    per_group = Window.partitionBy(UNIT, *keys).orderBy(_RAND)
+    rows = rows.withColumn(_RAND, F.xxhash64(F.lit(row_seed), F.col(UNIT),
+                                             *[F.col(k) for k in keys], F.col(VALUE)))
+    per_group = Window.partitionBy(UNIT, *keys).orderBy(_RAND, VALUE)
     rows = rows.withColumn(_ROW_RANK, F.row_number().over(per_group))
     keep = F.col(_ROW_RANK) <= max_rows
     if keys:

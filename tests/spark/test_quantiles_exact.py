@@ -223,3 +223,29 @@ def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
                                 upper=B, counts=counts, rng=rng_of(name))
         np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want)
         assert set(out.loc[out["g"] == name, "mechanism"]) == {"approx_quantiles"}
+
+
+def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark):
+    """The ungrouped path evaluates the bounded rows twice (coarse counts, then grid indices of
+    reachable cells): both must see the same multiset. Row choice is keyed by a hash of (seed,
+    unit, key, value), not by the rows' order; a row-order-dependent choice (rand(seed), what
+    this replaced) differs between the two orders below."""
+    from dpq_spark.spark import _dataflow as flow
+
+    gen = np.random.default_rng(0)
+    pdf = pd.DataFrame({"u": gen.integers(0, 30, 3000).astype(str), "g": "a",
+                        "x": gen.normal(0, 1, 3000)})
+    rows = spark.createDataFrame(pdf).select("g", F.col("x").alias(VALUE), F.col("u").alias(flow.UNIT))
+    shuffled = rows.orderBy(F.rand(1)).repartition(5)
+
+    def kept(frame, order_dependent=False):
+        if order_dependent:  # the old choice, for power: rows ranked by rand(seed)
+            from pyspark.sql import Window
+            w = Window.partitionBy(flow.UNIT, "g").orderBy(F.rand(7))
+            out = frame.withColumn("r", F.row_number().over(w)).where("r <= 3")
+        else:
+            out = flow.bound_contributions(frame, ("g",), 3, 1, row_seed=7, group_seed=8)
+        return sorted(map(tuple, out.select(flow.UNIT, VALUE).toPandas().to_numpy().tolist()))
+
+    assert kept(rows) == kept(shuffled)
+    assert kept(rows, True) != kept(shuffled, True)
