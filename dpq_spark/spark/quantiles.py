@@ -154,7 +154,8 @@ def dp_quantiles(
     ApproxQuantiles and AggTree always see coarse cells (each row at its cell's middle grid
     point, within 4.8e-7 of the span). Ungrouped, Spark counts rows per coarse cell (at most
     2**20 + 1 rows collected), the driver chooses, and a second job brings the counts per ``k``
-    of the reachable cells only. The public key list (``|groups|`` rows) is collected to the
+    of the reachable cells only (so the input is read twice: it must give the same rows both
+    times, e.g. not an unseeded ``rand()`` column). The public key list (``|groups|`` rows) is collected to the
     driver and joined (broadcast up to 200,000 keys); the release (``|groups| x
     len(quantiles)`` rows) is collected too. ``resolution`` is validated but no longer used
     with bounds.
