@@ -1,16 +1,20 @@
-"""The per-group step of ``dp_quantiles``: grid-cell counts in, one DP release out.
+"""The per-group step of ``dp_quantiles``: grid-index (or bucket) counts in, one DP release out.
 
-This runs inside ``mapInPandas`` on the executors (streaming each partition's rows) and on the
-driver when there is no grouping or a public key has no rows. It imports pandas and numpy only, never pyspark, so that it pickles by
-reference and stays cheap to import in a Python worker.
+This runs inside ``mapInArrow``/``mapInPandas`` on the executors (streaming each partition's
+rows through a :class:`Fold`) and on the driver when there is no grouping or a public key has
+no rows. With bounds, JointExp and IndExp get each group's indices on the core's default grid
+(exact, or for a partition past the fold budget the represented data of
+:mod:`dpq_spark.core.coarse_bands`); ApproxQuantiles and AggTree get coarse cells. For
+``mechanism="auto"`` the noisy count and choice come first (:func:`~dpq_spark.core.choose.plan_auto`),
+so the fold knows which data a spilled group needs. It imports pandas and numpy only, never
+pyspark, so that it pickles by reference and stays cheap to import in a Python worker.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import functools
 import tempfile
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -140,12 +144,13 @@ def _group_rng(params: ReleaseParams, key_hash) -> np.random.Generator:
 
 
 def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
-    """Release the quantiles of one group from its cell counts (driver side).
+    """Release the quantiles of one group from its index counts (driver side).
 
     Parameters
     ----------
     pdf : pandas.DataFrame
-        The rows of one group: key columns (absent when ungrouped), ``CELL`` (grid cell),
+        The rows of one group: key columns (absent when ungrouped), ``CELL`` (grid index with
+        bounds, bucket without),
         ``COUNT`` (rows in the cell, 0 rows allowed), optionally ``UNITS`` (privacy units first
         seen in the cell) and ``KEY_HASH``.
     params : ReleaseParams
@@ -159,8 +164,9 @@ def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
 
     Privacy
     -------
-    ``params.epsilon``-DP for the group's cell counts under ``params.neighboring`` (the
-    mechanism's guarantee); with partition selection, also the Laplace threshold step.
+    ``params.epsilon``-DP for the group's rows under ``params.neighboring`` (the mechanism's
+    guarantee, as implemented ``(epsilon + eta, delta)``); with partition selection, also the
+    Laplace threshold step.
     """
     real = pdf[pdf[COUNT] > 0]
     cells = real[CELL].to_numpy(dtype=np.int64)
