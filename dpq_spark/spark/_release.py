@@ -89,7 +89,7 @@ def bucket_values(index) -> np.ndarray:
 _UINT64 = 1 << 64
 #: Distinct (group, grid index) pairs a partition may hold in memory before it spills (the
 #: driver copies the value into ``ReleaseParams.fold_budget``; tests lower it).
-FOLD_BUDGET = 1 << 22
+FOLD_BUDGET = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
     return np.asarray(out, dtype=np.float64), str(name)
 
 
-_COMPACT_ROWS = 1 << 22  # raw codes buffered before they are merged into counts
+_COMPACT_ROWS = 1 << 20  # raw codes buffered before they are merged into counts (or spilled)
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
 
 

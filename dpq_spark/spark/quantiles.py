@@ -143,7 +143,7 @@ def dp_quantiles(
     public keys Spark packs the key's index and ``k`` into one int64 and ``mapInArrow`` streams
     the codes, with partition selection ``mapInPandas`` streams keys and ``k``. Python folds
     each partition into counts per distinct (group, k), so it never holds raw rows. While the
-    partition's distinct pairs stay within a budget (2**22) every group gets its exact grid
+    partition's distinct pairs stay within a budget (2**21 pairs) every group gets its exact grid
     data, and JointExp and IndExp release exactly what the core's ``joint_exp``/``ind_exp``
     release on the raw values. Past the budget the partition spills its pairs to a local
     temporary file and keeps counts per (group, coarse cell of 4,096 grid points), at most
