@@ -177,9 +177,18 @@ def fine_counts_in(rows: DataFrame, lower: float, upper: float, ranges) -> DataF
     driver after pass 1's release step)."""
     k = grid_index_column(lower, upper)
     coarse = F.shiftright(k, COARSE_SHIFT)
-    keep = reduce(lambda a, b: a | b, [coarse.between(int(a), int(b)) for a, b in ranges])
+    keep = _any([coarse.between(int(a), int(b)) for a, b in ranges])
     return (rows.select(k.alias(CELL)).where(keep)
             .groupBy(CELL).agg(F.count(F.lit(1)).alias(COUNT)))
+
+
+def _any(conditions):
+    """OR of the conditions as a balanced tree (depth log2 of their number: Spark Connect
+    refuses deeply nested expressions)."""
+    while len(conditions) > 1:
+        pairs = [a | b for a, b in zip(conditions[::2], conditions[1::2])]
+        conditions = pairs + ([conditions[-1]] if len(conditions) % 2 else [])
+    return conditions[0]
 
 
 def cell_counts(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
