@@ -178,14 +178,14 @@ class _WorkerPeak:
             return None
 
     def _descends_from_us(self, status, parents):
-        me, pid = os.getpid(), None
+        me = os.getpid()
         ppid = int(status.get("PPid", "0").strip() or 0)
-        for _ in range(8):
+        for _ in range(8):  # worker -> daemon -> JVM -> this driver
             if ppid == me:
                 return True
             if ppid <= 1:
                 return False
-            pid, ppid = ppid, parents.get(ppid, 0)
+            ppid = parents.get(ppid, 0)
         return False
 
     def _run(self, every):

@@ -104,8 +104,8 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
 
     ``counts`` are the cells' exact row counts (> 0), ``c = epsilon / (2 Delta)`` of the
     mechanism that will run, ``steps`` the grid's N. ``log_tol`` is ``-log(tol)``, the
-    pruned-mass tolerance (tests pass a wrong one to show the check has power). Without a lower bound on the
-    normaliser every cell is kept.
+    pruned-mass tolerance (tests pass a wrong one to show the check has power). Without a lower
+    bound on the normaliser every cell is kept.
     """
     cells = np.asarray(cells, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)

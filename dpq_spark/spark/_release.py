@@ -5,8 +5,8 @@ rows through a :class:`Fold`) and on the driver when there is no grouping or a p
 no rows. With bounds, JointExp and IndExp get each group's indices on the core's default grid
 (exact, or for a partition past the fold budget the represented data of
 :mod:`dpq_spark.core.coarse_bands`); ApproxQuantiles and AggTree get coarse cells. For
-``mechanism="auto"`` the noisy count and choice come first (:func:`~dpq_spark.core.choose.plan_auto`),
-so the fold knows which data a spilled group needs. It imports pandas and numpy only, never
+``mechanism="auto"`` the noisy count and choice come first
+(:func:`~dpq_spark.core.choose.plan_auto`), so the fold knows which data a spilled group needs. It imports pandas and numpy only, never
 pyspark, so that it pickles by reference and stays cheap to import in a Python worker.
 """
 

@@ -73,7 +73,8 @@ def test_grid_index_in_spark_matches_grid_snap_bit_for_bit(spark):
     gen = np.random.default_rng(1)
     g = GRID.granularity
     x = np.concatenate([gen.uniform(-1e9, 3e9, 3000), (np.arange(200) + 0.5) * g,
-                        (np.arange(200) + 0.5) * g + 1e9, np.nextafter((np.arange(50) + 0.5) * g, 0),
+                        (np.arange(200) + 0.5) * g + 1e9,
+                        np.nextafter((np.arange(50) + 0.5) * g, 0),
                         [A, B, -0.0, g / 2, 1.5 * g, B - g / 2, np.nextafter(B, 0), 1e300, -1e300]])
     df = spark.createDataFrame(pd.DataFrame({VALUE: x}))
     got = df.select(grid_index_column(A, B).alias("k")).toPandas()["k"].to_numpy()
@@ -235,7 +236,8 @@ def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark)
     gen = np.random.default_rng(0)
     pdf = pd.DataFrame({"u": gen.integers(0, 30, 3000).astype(str), "g": "a",
                         "x": gen.normal(0, 1, 3000)})
-    rows = spark.createDataFrame(pdf).select("g", F.col("x").alias(VALUE), F.col("u").alias(flow.UNIT))
+    rows = spark.createDataFrame(pdf).select("g", F.col("x").alias(VALUE),
+                                             F.col("u").alias(flow.UNIT))
     shuffled = rows.orderBy(F.rand(1)).repartition(5)
 
     def kept(frame, order_dependent=False):
