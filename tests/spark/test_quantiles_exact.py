@@ -251,3 +251,33 @@ def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark)
 
     assert kept(rows) == kept(shuffled)
     assert kept(rows, True) != kept(shuffled, True)
+
+
+def test_global_many_ranges_and_range_cover(spark):
+    """20 quantiles of a spread-out sample: pass 2 filters many coarse-cell ranges (an OR
+    tree); the release is the core's JointExp on the represented data. The ranges cover every
+    kept cell and no pruned one."""
+    from dpq_spark.spark.quantiles import _ranges
+
+    gen = np.random.default_rng(12)
+    x = np.concatenate([1e9 + gen.normal(0, 2e7, 200_000), gen.uniform(0, 2e9, 50)])
+    q = [0.025 + 0.05 * i for i in range(20)]
+    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": x})), "x", quantiles=q,
+                       epsilon=1.0, lower=A, upper=B, mechanism="joint_exp",
+                       rng=np.random.default_rng(4)).toPandas()
+    _, base = _group_rngs(spark, 4, [])
+    k = GRID.snap(x)
+    fine_k, fine_w = np.unique(k, return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    keep = cb.reachable(cells, counts, q, 1.0 / (2 * 2 * (1 - 0.025)), GRID.steps)
+    ranges = _ranges(keep, cells)
+    assert not keep.all() and len(ranges) >= 10
+    inside = np.zeros(cells.size, dtype=bool)
+    for a, b in ranges:
+        inside |= (cells >= a) & (cells <= b)
+    assert np.array_equal(inside, keep)
+    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
+    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep)
+    want = GRID.value(joint_exp_indices(yk, yw, GRID.size, q, epsilon=1.0,
+                                        rng=np.random.default_rng([base, 0])))
+    np.testing.assert_array_equal(out["value"].to_numpy(), want)
