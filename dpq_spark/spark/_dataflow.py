@@ -171,15 +171,19 @@ def coarse_counts(rows: DataFrame, lower: float, upper: float) -> DataFrame:
     return rows.groupBy(coarse.alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
-def fine_counts_in(rows: DataFrame, lower: float, upper: float, ranges) -> DataFrame:
-    """Global path, pass 2: rows per grid index (``CELL``) of the rows whose coarse cell lies in
-    one of the inclusive ``ranges`` ``[(first, last), ...]`` of coarse cells (public to the
-    driver after pass 1's release step)."""
+def fine_counts_in(rows: DataFrame, lower: float, upper: float, ranges,
+                   aggregate: bool = True) -> DataFrame:
+    """Global path, pass 2: rows per grid index (``CELL``, ``COUNT``) of the rows whose coarse
+    cell lies in one of the inclusive ``ranges`` ``[(first, last), ...]`` of coarse cells; with
+    ``aggregate=False`` the grid index of every such row (``CELL`` only: no shuffle, the caller
+    counts)."""
     k = grid_index_column(lower, upper)
     coarse = F.shiftright(k, COARSE_SHIFT)
     keep = _any([coarse.between(int(a), int(b)) for a, b in ranges])
-    return (rows.select(k.alias(CELL)).where(keep)
-            .groupBy(CELL).agg(F.count(F.lit(1)).alias(COUNT)))
+    selected = rows.select(k.alias(CELL)).where(keep)
+    if not aggregate:
+        return selected
+    return selected.groupBy(CELL).agg(F.count(F.lit(1)).alias(COUNT))
 
 
 def _any(conditions):

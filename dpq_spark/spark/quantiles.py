@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
+_RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to this many rows
 
 
 def dp_quantiles(
@@ -404,9 +405,17 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
         keep = _release.band_keep(name, cells, counts, eps, params)
         k = w = np.empty(0, dtype=np.int64)
         if keep.any():
-            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, _ranges(keep, cells)))
+            # Few rows in the reachable cells: collect their indices and count on the driver
+            # (no shuffle); else count in Spark. Both give the same counts, so the mechanism's
+            # input and the release's distribution do not depend on the branch.
+            raw = int(counts[keep].sum()) <= _RAW_PASS2_ROWS
+            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, _ranges(keep, cells),
+                                                aggregate=not raw))
             k = fine.column(CELL).to_numpy().astype(np.int64)
-            w = fine.column(COUNT).to_numpy().astype(np.int64)
+            if raw:
+                k, w = np.unique(k, return_counts=True)
+            else:
+                w = fine.column(COUNT).to_numpy().astype(np.int64)
         k, w = represent(k, w, cells, counts, keep)
         values = _release._run_fine(name, k, w, source, eps, params)
     m = len(params.quantiles)

@@ -183,8 +183,13 @@ def test_spill_path_on_partition_selection(spark, monkeypatch):
         assert np.abs(out.loc[out["g"] == name, "value"].to_numpy() - truth).max() < 5e4, name
 
 
-def test_global_release_equals_core_on_represented_data(spark):
-    """No group_by: pass 1 (coarse counts), pass 2 (grid indices of reachable cells)."""
+@pytest.mark.parametrize("raw_rows", [1 << 22, 0])
+def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_rows):
+    """No group_by: pass 1 (coarse counts), pass 2 (grid indices of reachable cells, collected
+    raw or counted in Spark: the same release)."""
+    from dpq_spark.spark import quantiles
+
+    monkeypatch.setattr(quantiles, "_RAW_PASS2_ROWS", raw_rows)
     x = grouped_data()["outliers"]
     df = spark.createDataFrame(pd.DataFrame({"x": x}))
     out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
