@@ -286,3 +286,18 @@ def test_global_many_ranges_and_range_cover(spark):
     want = GRID.value(joint_exp_indices(yk, yw, GRID.size, q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
+
+
+def test_too_many_public_keys_for_the_packed_code_is_refused(spark, monkeypatch):
+    """Codes are GID * 2**33 + k in an int64: more than 2**30 keys would overflow. The limit is
+    lowered here to 2 keys to show the error (it names `groups`, echoes no data)."""
+    from dpq_spark.spark import _dataflow as flow
+
+    monkeypatch.setattr(flow, "MAX_PACKED_KEYS", 2)
+    df = spark.createDataFrame(pd.DataFrame({"g": ["a", "b", "c"], "x": [1.0, 2.0, 3.0]}))
+    with pytest.raises(ValueError, match=r"`groups` must hold at most 2\*\*30 keys"):
+        dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
+                     groups=["a", "b", "c"])
+    out = dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
+                       groups=["a", "b"])  # within the (lowered) limit: released
+    assert out.count() == 2
