@@ -1,28 +1,44 @@
-"""Benchmarks of ``dp_quantiles`` against Spark's own ``percentile_approx`` (issue 3).
+"""Benchmarks of ``dp_quantiles`` beside Spark's own ``percentile_approx`` (issue 11).
 
-Run standalone (it starts its own local session with default memory settings)::
+Run standalone; it starts its own local session with default memory settings::
 
-    .venv/bin/python benchmarks/bench_spark.py            # all four, full size
-    .venv/bin/python benchmarks/bench_spark.py --only a,d --scale 0.1
+    .venv/bin/python benchmarks/bench_spark.py                 # every case, full size
+    .venv/bin/python benchmarks/bench_spark.py --quick         # small sizes (a smoke run)
+    .venv/bin/python benchmarks/bench_spark.py --only small,keys --connect   # on Spark Connect
 
-(a) 1e7 rows, 1,000 groups, 9 deciles: dp_quantiles vs groupBy().agg(percentile_approx), same
-    cached data, one session; ratio printed (target <= 1.5).
-(b) 1e8 rows from spark.range, no grouping, 99 percentiles vs a global percentile_approx
-    (target <= 1.5).
-(c) skew: one group of 5e7 rows beside 1,000 groups of 1,000 rows, default local memory.
-(d) accuracy: 1e4 rows per group of N(0, 5), eps = 1, mean absolute error of the 9 deciles
-    against each group's exact deciles (target <= 0.1).
+Cases (issue 11 targets in brackets):
 
-Each timing is the wall time of one action that collects the result to the driver; the data is
-cached and counted first so both sides read the same in-memory rows. The first timed query of a
-pair is preceded by a warm-up on a small slice so JIT and worker start-up are not charged to it.
+accuracy   bounds 1e4x wider than the data's spread, 1e6 rows, 10 groups, deciles, eps = 1:
+           mean absolute error of dp_quantiles and of core ``joint_exp`` on each group's raw
+           values [dp within 1.2x of core]
+small      1e5 rows, 10 groups, deciles, warm [<= percentile_approx + 0.5 s]
+groups     1e7 rows, 1,000 groups, deciles [<= 1.0x percentile_approx]
+global     1e8 rows, no grouping, 99 percentiles [<= 0.5x percentile_approx]
+skew       one group of 5e7 rows beside 1,000 groups of 1,000 rows: completes with default
+           memory; the peak resident memory (VmHWM) of every Python worker process of this
+           session is read from /proc while it runs (classic sessions on Linux only), and the
+           largest is printed, with the driver's own peak
+keys       1e5 public keys, 2 rows each, deciles [<= 3x percentile_approx]
+timestamps 1,000 timestamps in one 1,907 s cell of bounds [0, 2e9], and 600 in one cell + 400
+           over +-1 day: error of dp_quantiles and of core ``joint_exp`` on the raw values
+           [within 2x]
+
+The accuracy cases print percentile_approx's error on the same data too (not private; for
+scale). ``--quick`` divides the sizes by 100 (at least 1,000 rows).
+
+Each timing is the wall time of one call that returns the result on the driver
+(``dp_quantiles(...).collect()`` and ``groupBy().agg(percentile_approx).collect()``) on the same
+cached DataFrame, after one warm-up call of each on that DataFrame. Timings on a loaded machine
+mean little: say so when quoting them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
+import threading
 import time
 
 import numpy as np
@@ -31,17 +47,19 @@ DECILES = [i / 10 for i in range(1, 10)]
 PERCENTILES = [i / 100 for i in range(1, 100)]
 
 
-def _session(master: str):
+def _session(connect: bool):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName("dpq_spark-bench")
-             .config("spark.ui.enabled", "false")
+    builder = SparkSession.builder.appName("dpq_spark-bench")
+    builder = builder.remote("local[2]") if connect else builder.master("local[2]")
+    spark = (builder.config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
              .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    if not connect:
+        spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
@@ -51,103 +69,239 @@ def _timed(fn):
     return time.perf_counter() - start, result
 
 
-def _warm_up(spark, dp_quantiles, F):
-    small = spark.range(20000).select((F.col("id") % 10).alias("g"), F.randn(1).alias("x"))
-    small.groupBy("g").agg(F.percentile_approx("x", DECILES)).collect()
-    dp_quantiles(small, "x", quantiles=DECILES, epsilon=1.0, lower=-5, upper=5, group_by="g",
-                 groups=list(range(10))).collect()
+def _side_by_side(name, df, dp_call, approx_call):
+    """Warm both up on ``df``, then time one call of each; print the pair and the ratio."""
+    dp_call(df)
+    approx_call(df)
+    t_dp, out = _timed(lambda: dp_call(df))
+    t_ap, _ = _timed(lambda: approx_call(df))
+    print(f"{name:<11} dp_quantiles {t_dp:8.2f} s   percentile_approx {t_ap:8.2f} s   "
+          f"ratio {t_dp / t_ap:5.2f}   difference {t_dp - t_ap:+6.2f} s", flush=True)
+    return out
 
 
-def bench_grouped(spark, F, dp_quantiles, rows: int, n_groups: int):
-    df = spark.range(rows).select((F.col("id") % n_groups).alias("g"),
-                                  (F.randn(7) * 5).alias("x")).cache()
-    df.count()
-    t_pa, _ = _timed(lambda: df.groupBy("g").agg(F.percentile_approx("x", DECILES).alias("p")).collect())
-    t_dp, _ = _timed(lambda: dp_quantiles(df, "x", quantiles=DECILES, epsilon=1.0, lower=-50.0,
-                                          upper=50.0, group_by="g",
-                                          groups=list(range(n_groups))).collect())
-    df.unpersist()
-    return t_pa, t_dp
+def _approx(F, quantiles, keys=()):
+    def call(df):
+        agg = F.percentile_approx("x", quantiles).alias("p")
+        return (df.groupBy(*keys).agg(agg) if keys else df.agg(agg)).collect()
+    return call
 
 
-def bench_global(spark, F, dp_quantiles, rows: int):
-    df = spark.range(rows).select(F.col("id").cast("double").alias("x")).cache()
-    df.count()
-    t_pa, _ = _timed(lambda: df.agg(F.percentile_approx("x", PERCENTILES)).collect())
-    t_dp, _ = _timed(lambda: dp_quantiles(df, "x", quantiles=PERCENTILES, epsilon=1.0, lower=0.0,
-                                          upper=float(rows)).collect())
-    df.unpersist()
-    return t_pa, t_dp
-
-
-def bench_skew(spark, F, dp_quantiles, big: int, n_small: int, small_rows: int):
-    small_total = n_small * small_rows
-    df = spark.range(big + small_total).select(
-        F.when(F.col("id") < big, F.lit(-1)).otherwise(F.col("id") % n_small).alias("g"),
-        (F.randn(11) * 5).alias("x"))
-    t_dp, out = _timed(lambda: dp_quantiles(df, "x", quantiles=DECILES, epsilon=1.0, lower=-50.0,
-                                            upper=50.0, group_by="g",
-                                            groups=[-1] + list(range(n_small))).collect())
-    return t_dp, len(out)
-
-
-def bench_accuracy(spark, F, dp_quantiles, n_groups: int, per_group: int, seed: int = 2026):
-    gen = np.random.default_rng(seed)
-    x = gen.normal(0.0, 5.0, size=(n_groups, per_group))
+def case_accuracy(spark, F, dp_quantiles, joint_exp, size):
+    rows, groups = size(1_000_000), 10
+    gen = np.random.default_rng(0)
+    per = rows // groups
+    data = {g: gen.normal(100.0 * g, 1.0, per) for g in range(groups)}  # spread ~10
     import pandas as pd
 
-    pdf = pd.DataFrame({"g": np.repeat(np.arange(n_groups), per_group), "x": x.ravel()})
-    df = spark.createDataFrame(pdf)
-    out = dp_quantiles(df, "x", quantiles=DECILES, epsilon=1.0, lower=-50.0, upper=50.0,
-                       group_by="g", groups=list(range(n_groups))).toPandas()
-    est = out.sort_values(["g", "quantile"])["value"].to_numpy().reshape(n_groups, len(DECILES))
-    exact = np.quantile(x, DECILES, axis=1, method="inverted_cdf").T
-    return float(np.mean(np.abs(est - exact)))
+    pdf = pd.DataFrame({"g": np.repeat(list(data), per), "x": np.concatenate(list(data.values()))})
+    df = spark.createDataFrame(pdf).cache()
+    df.count()
+    lower, upper = -50_000.0, 50_000.0  # 1e4 x the spread
+    def dp_call(d):
+        return dp_quantiles(d, "x", quantiles=DECILES, epsilon=1.0, lower=lower, upper=upper,
+                            group_by="g", groups=list(data)).toPandas()
+
+    out = _side_by_side("accuracy", df, dp_call, _approx(F, DECILES, ["g"]))
+    approx = {r["g"]: np.asarray(r["p"]) for r in _approx(F, DECILES, ["g"])(df)}
+    err_dp, err_core, err_ap = [], [], []
+    for g, x in data.items():
+        truth = np.quantile(x, DECILES, method="inverted_cdf")
+        err_dp.append(np.abs(out.loc[out["g"] == g, "value"].to_numpy() - truth))
+        core = joint_exp(x, DECILES, epsilon=1.0, lower=lower, upper=upper)
+        err_core.append(np.abs(core - truth))
+        err_ap.append(np.abs(approx[g] - truth))
+    dp, core = float(np.mean(err_dp)), float(np.mean(err_core))
+    print(f"accuracy    {rows:.0e} rows, {groups} groups: MAE dp_quantiles {dp:.4f}, core "
+          f"joint_exp {core:.4f}, ratio {dp / core:.2f} (target <= 1.2); percentile_approx "
+          f"{float(np.mean(err_ap)):.4f} (not private)", flush=True)
+    df.unpersist()
 
 
-def main(argv=None) -> int:
+def _grouped(spark, F, rows, groups):
+    return spark.range(rows).select((F.col("id") % groups).alias("g"),
+                                    (F.randn(7) * 5).alias("x")).cache()
+
+
+def case_small(spark, F, dp_quantiles, size):
+    rows, groups = size(100_000), 10
+    df = _grouped(spark, F, rows, groups)
+    df.count()
+    _side_by_side("small", df, lambda d: dp_quantiles(
+        d, "x", quantiles=DECILES, epsilon=1.0, lower=-50, upper=50, group_by="g",
+        groups=list(range(groups))).collect(), _approx(F, DECILES, ["g"]))
+    df.unpersist()
+
+
+def case_groups(spark, F, dp_quantiles, size):
+    rows, groups = size(10_000_000), 1000
+    df = _grouped(spark, F, rows, groups)
+    df.count()
+    _side_by_side("groups", df, lambda d: dp_quantiles(
+        d, "x", quantiles=DECILES, epsilon=1.0, lower=-50, upper=50, group_by="g",
+        groups=list(range(groups))).collect(), _approx(F, DECILES, ["g"]))
+    df.unpersist()
+
+
+def case_global(spark, F, dp_quantiles, size):
+    rows = size(100_000_000)
+    df = spark.range(rows).select((F.randn(3) * 5).alias("x"))  # generated, not cached
+    _side_by_side("global", df, lambda d: dp_quantiles(
+        d, "x", quantiles=PERCENTILES, epsilon=1.0, lower=-50, upper=50).collect(),
+        _approx(F, PERCENTILES))
+
+
+class _WorkerPeak:
+    """Polls /proc for Python worker processes descended from this driver and keeps the
+    largest VmHWM (peak resident set) seen. Linux and classic local sessions only."""
+
+    def __init__(self, every: float = 0.5):
+        self.peak_kib = 0
+        self.seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def _status(pid):
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                return dict(line.split(":", 1) for line in fh if ":" in line)
+        except OSError:
+            return None
+
+    def _descends_from_us(self, status, parents):
+        me = os.getpid()
+        ppid = int(status.get("PPid", "0").strip() or 0)
+        for _ in range(8):  # worker -> daemon -> JVM -> this driver
+            if ppid == me:
+                return True
+            if ppid <= 1:
+                return False
+            ppid = parents.get(ppid, 0)
+        return False
+
+    def _run(self, every):
+        workers = set()
+        while not self._stop.is_set():
+            parents, statuses = {}, {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    st = self._status(entry)
+                    if st:
+                        parents[int(entry)] = int(st.get("PPid", "0").strip() or 0)
+                        statuses[int(entry)] = st
+            for pid, st in statuses.items():
+                if not st.get("Name", "").strip().startswith("python"):
+                    continue
+                if pid == os.getpid() or not self._descends_from_us(st, parents):
+                    continue
+                workers.add(pid)
+                hwm = st.get("VmHWM", "0 kB").split()[0]
+                self.peak_kib = max(self.peak_kib, int(hwm))
+            self.seen = len(workers)
+            self._stop.wait(every)
+
+
+def case_skew(spark, F, dp_quantiles, size):
+    big, small, per = size(50_000_000), 1000, 1000
+    heavy = spark.range(big).select(F.lit(-1).cast("long").alias("g"), (F.randn(5) * 5).alias("x"))
+    light = spark.range(small * per).select((F.col("id") % small).alias("g"),
+                                            (F.randn(6) * 5).alias("x"))
+    df = heavy.unionByName(light)
+    with _WorkerPeak() as peak:
+        t, _ = _timed(lambda: dp_quantiles(
+            df, "x", quantiles=DECILES, epsilon=1.0, lower=-50, upper=50, group_by="g",
+            groups=[-1, *range(small)]).collect())
+    t_ap, _ = _timed(lambda: _approx(F, DECILES, ["g"])(df))
+    driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    worker = f"{peak.peak_kib / 1024:.0f} MiB over {peak.seen} worker(s)" if peak.seen else \
+        "not measured (no worker process seen: Connect or not Linux)"
+    print(f"skew        {big:.0e} rows in one group + {small} x {per}: dp_quantiles {t:.2f} s, "
+          f"percentile_approx {t_ap:.2f} s; peak Python worker RSS {worker}; driver "
+          f"{driver:.0f} MiB", flush=True)
+
+
+def case_keys(spark, F, dp_quantiles, size):
+    groups = size(100_000)
+    df = spark.range(2 * groups).select((F.col("id") % groups).alias("g"),
+                                        (F.randn(8) * 5).alias("x")).cache()
+    df.count()
+    _side_by_side("keys", df, lambda d: dp_quantiles(
+        d, "x", quantiles=DECILES, epsilon=1.0, lower=-50, upper=50, group_by="g",
+        groups=list(range(groups))).collect(), _approx(F, DECILES, ["g"]))
+    df.unpersist()
+
+
+def case_timestamps(spark, F, dp_quantiles, joint_exp, size, repeats=20):
+    import pandas as pd
+
+    lower, upper = 0.0, 2e9
+    step = (upper - lower) / 2**32
+    base = 1.3e9
+    gen = np.random.default_rng(2)
+    cases = {
+        "1,000 in one cell": base + gen.uniform(0, 1907, 1000),
+        "600 in a cell + 400 over +-1 day": np.concatenate(
+            [base + gen.uniform(0, 1907, 600), base + gen.uniform(-86_400, 86_400, 400)]),
+    }
+    for name, x in cases.items():
+        df = spark.createDataFrame(pd.DataFrame({"x": x})).cache()
+        df.count()
+        truth = np.quantile(x, DECILES, method="inverted_cdf")
+        dp = [np.abs(np.array([r["value"] for r in dp_quantiles(
+            df, "x", quantiles=DECILES, epsilon=1.0, lower=lower, upper=upper).collect()])
+            - truth).mean() for _ in range(repeats)]
+        core = [np.abs(joint_exp(x, DECILES, epsilon=1.0, lower=lower, upper=upper) - truth).mean()
+                for _ in range(repeats)]
+        approx = np.abs(np.asarray(_approx(F, DECILES)(df)[0]["p"]) - truth).mean()
+        print(f"timestamps  {name}: mean abs error dp_quantiles {np.median(dp):.2f} s, core "
+              f"joint_exp {np.median(core):.2f} s (medians of {repeats}; grid step {step:.3f} s);"
+              f" percentile_approx {approx:.2f} s (not private)", flush=True)
+        df.unpersist()
+
+
+CASES = ("accuracy", "small", "groups", "global", "skew", "keys", "timestamps")
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="a,b,c,d", help="comma list of a,b,c,d")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply the row counts")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
+    parser.add_argument("--quick", action="store_true", help="sizes / 100 (a smoke run)")
+    parser.add_argument("--connect", action="store_true", help="Spark Connect (local server)")
     args = parser.parse_args(argv)
-    which = set(args.only.split(","))
-    spark = _session(args.master)
+    chosen = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = set(chosen) - set(CASES)
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
+
+    def size(n: int) -> int:
+        return max(n // 100, 1000) if args.quick else n
+
+    spark = _session(args.connect)
     from pyspark.sql import functions as F
 
     from dpq_spark import dp_quantiles
+    from dpq_spark.core import joint_exp
 
-    s = args.scale
-    _warm_up(spark, dp_quantiles, F)
-    lines = [f"{'benchmark':<58} {'percentile_approx':>17} {'dp_quantiles':>12} {'ratio':>6}"]
-    if "a" in which:
-        rows = int(1e7 * s)
-        t_pa, t_dp = bench_grouped(spark, F, dp_quantiles, rows, 1000)
-        lines.append(f"{f'(a) {rows:.0e} rows, 1000 groups, 9 deciles':<58} {t_pa:>16.1f}s "
-                     f"{t_dp:>11.1f}s {t_dp / t_pa:>6.2f}")
-        print(lines[-1], flush=True)
-    if "b" in which:
-        rows = int(1e8 * s)
-        t_pa, t_dp = bench_global(spark, F, dp_quantiles, rows)
-        lines.append(f"{f'(b) {rows:.0e} rows (spark.range), global, 99 percentiles':<58} "
-                     f"{t_pa:>16.1f}s {t_dp:>11.1f}s {t_dp / t_pa:>6.2f}")
-        print(lines[-1], flush=True)
-    if "c" in which:
-        big = int(5e7 * s)
-        t_dp, n_out = bench_skew(spark, F, dp_quantiles, big, 1000, 1000)
-        lines.append(f"{f'(c) skew: 1 group of {big:.0e} + 1000 groups of 1000 rows':<58} "
-                     f"{'-':>17} {t_dp:>11.1f}s {'-':>6}  ({n_out} rows out)")
-        print(lines[-1], flush=True)
-    if "d" in which:
-        n_groups = max(1, int(100 * min(s, 1.0)))
-        mae = bench_accuracy(spark, F, dp_quantiles, n_groups, 10_000)
-        lines.append(f"(d) accuracy: {n_groups} groups x 1e4 rows N(0,5), eps=1, 9 deciles: "
-                     f"mean abs error {mae:.4f} (target <= 0.1)")
-        print(lines[-1], flush=True)
-    print("\n".join(lines))
+    print(f"# bench_spark: {'Connect' if args.connect else 'classic'} local[2], "
+          f"{'quick' if args.quick else 'full'} sizes, load average {os.getloadavg()[0]:.1f}",
+          flush=True)
+    for case in chosen:
+        fn = globals()[f"case_{case}"]
+        if case in ("accuracy", "timestamps"):
+            fn(spark, F, dp_quantiles, joint_exp, size)
+        else:
+            fn(spark, F, dp_quantiles, size)
     spark.stop()
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

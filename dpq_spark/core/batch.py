@@ -77,6 +77,7 @@ from dpq_spark.core._dlap_table import dlap_table
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import dlap_scale
 from dpq_spark.core._sorted_data import sort_data
+from dpq_spark.core.coarse_bands import coarse_midpoints, coarse_of
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.agg_tree import _MAX_LEAVES
 from dpq_spark.core.approx_quantiles import _sample_indices as _approx_sample
@@ -94,6 +95,7 @@ __all__ = ["release_many", "BatchRelease", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
 
 #: The mechanisms :func:`release_many` runs (``"auto"`` picks among the other four).
 BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree")
+_COARSE_MECHANISMS = ("approx_quantiles", "agg_tree")  # coarse_cells=True: fed coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
 ENUMERATE_MAX = 4096
@@ -118,7 +120,7 @@ class BatchRelease(NamedTuple):
 
 def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_remove",
                  mechanism="auto", rng=None, count_share=DEFAULT_COUNT_SHARE, branching=16,
-                 height=4, grid_indices=False) -> BatchRelease:
+                 height=4, grid_indices=False, coarse_cells=False) -> BatchRelease:
     """Release the quantiles of many disjoint groups, each with its mechanism's own distribution.
 
     Parameters
@@ -152,6 +154,12 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         ``Grid(lower, upper)`` (e.g. computed by Spark) instead of values. The grid mechanisms
         use them as they are; AggTree gets their grid values ``Grid.value(k)`` (whose snap is k
         again), exactly as the core mechanisms called on those values.
+    coarse_cells : bool
+        Only with ``grid_indices=True``: groups whose mechanism is ApproxQuantiles or AggTree
+        get every index ``k`` moved to its coarse cell's representative index
+        (:func:`dpq_spark.core.coarse_bands.coarse_midpoints` of ``k >> 12``), a per-record map
+        of public constants, as the Spark layer feeds those two mechanisms; JointExp and IndExp
+        keep the exact indices. The choice is made after auto's noisy count, per group.
 
     Returns
     -------
@@ -191,6 +199,10 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         raise DPQValueError(f"`branching`**`height` must be <= 2**24 leaves, got {b}**{h}")
     if not isinstance(grid_indices, bool):
         raise TypeError(f"`grid_indices` must be True or False, got {grid_indices!r}")
+    if not isinstance(coarse_cells, bool):
+        raise TypeError(f"`coarse_cells` must be True or False, got {coarse_cells!r}")
+    if coarse_cells and not grid_indices:
+        raise DPQValueError("`coarse_cells` needs grid_indices=True")
     x, counts, bounds = _check_groups(groups)
     if grid_indices:
         if np.any(x != np.floor(x)) or np.any(x < 0) or np.any(x > grid.steps):
@@ -213,18 +225,23 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         return BatchRelease(values, names)
     if snapped is None:
         snapped = grid.snap(x)
+    coarse_x = coarse_k = None
+    if coarse_cells and any(name in _COARSE_MECHANISMS for name in names):
+        coarse_k = coarse_midpoints(coarse_of(snapped), grid.steps)
+        coarse_x = grid.value(coarse_k)
     by_name: dict[str, list[int]] = {}
     for g, name in enumerate(names):
         by_name.setdefault(name, []).append(g)
     for name, members in by_name.items():
         members = np.asarray(members, dtype=np.int64)
+        coarse = coarse_x is not None and name in _COARSE_MECHANISMS
         if name == "agg_tree":
-            values[members] = _agg_trees(x, counts, bounds, n, members, q, mech_eps, grid, relation,
-                                         b, h, source)
+            values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,
+                                         mech_eps, grid, relation, b, h, source)
             continue
         for g in members:
             lo, hi = int(bounds[g]), int(bounds[g + 1])
-            k, c = snapped[lo:hi], counts[lo:hi]
+            k, c = (coarse_k if coarse else snapped)[lo:hi], counts[lo:hi]
             if name == "joint_exp":
                 idx = _joint_exp(k, c, q, mech_eps, relation, grid.size, source)
             elif k.size > _SMALL_POINTS:

@@ -40,7 +40,7 @@ from dpq_spark.core._samplers import discrete_laplace, dlap_scale
 from dpq_spark.core._validation import _is_real, check_counts, check_epsilon, check_quantiles, check_values
 from dpq_spark.core.privacy import NeighboringRelation
 
-__all__ = ["choose_mechanism", "auto", "QuantileRelease", "DEFAULT_COUNT_SHARE"]
+__all__ = ["choose_mechanism", "auto", "plan_auto", "QuantileRelease", "DEFAULT_COUNT_SHARE"]
 
 #: Share of epsilon spent on a noisy row count when ``mechanism="auto"`` needs ``n`` under
 #: add/remove neighbours and no ``n_hint`` is given.
@@ -113,6 +113,46 @@ def choose_mechanism(m, *, n, epsilon) -> str:
     return "agg_tree"
 
 
+def plan_auto(m: int, true_n: int, *, epsilon: float, neighboring, source, n_hint=None,
+              count_share: float = DEFAULT_COUNT_SHARE, bounds_missing: bool = False,
+              bounds_share: float | None = None) -> tuple[str, float, float]:
+    """The first step of :func:`auto`: draw the noisy count (if one is needed) and choose.
+
+    Returns ``(name, rest, n_used)``: the mechanism to run, the epsilon left for it (and for the
+    private bounds when ``bounds_missing``) and the row count the rule used. Running
+    ``with_private_bounds(get_base_mechanism(name))`` on the same data at ``rest`` with the same
+    ``source`` afterwards is exactly :func:`auto` (same draws, same order): callers that must
+    know the choice before they prepare the data (the Spark fold) use the two steps.
+    Arguments are validated by the caller (``source`` a
+    :class:`~dpq_spark.core._random.RandomSource`, ``neighboring`` a ``NeighboringRelation``,
+    ``true_n`` the exact count of rows).
+
+    Privacy
+    -------
+    The noisy count is ``count_share * epsilon``-DP (discrete Laplace, sensitivity 1) under
+    add/remove; nothing is spent under swap (n public) or with a public ``n_hint``. The choice is
+    post-processing of public values and that count.
+    """
+    relation = NeighboringRelation.parse(neighboring)
+    rest = float(epsilon)
+    if relation is NeighboringRelation.SWAP:
+        n_used = float(true_n)
+    elif n_hint is not None:
+        n_used = float(n_hint)
+    else:
+        noisy = int(true_n) + discrete_laplace(source, dlap_scale(1, count_share * epsilon))
+        n_used = float(max(noisy, 0))
+        rest = (1.0 - count_share) * epsilon
+    if bounds_missing:
+        from dpq_spark.core.bounds import DEFAULT_BOUNDS_SHARE
+
+        share = DEFAULT_BOUNDS_SHARE if bounds_share is None else bounds_share
+        quantile_eps = rest * (1.0 - share)
+    else:
+        quantile_eps = rest
+    return choose_mechanism(int(m), n=n_used, epsilon=quantile_eps), rest, n_used
+
+
 def _check_share(value, name: str) -> float:
     if not _is_real(value) or not math.isfinite(float(value)) or not 0.0 < float(value) < 1.0:
         raise ValueError(f"`{name}` must be in (0, 1), got {value!r}")
@@ -166,19 +206,12 @@ def auto(values, quantiles, *, epsilon, lower=None, upper=None, neighboring="add
     c = None if counts is None else check_counts(counts, x.size)
     source = resolve_rng(rng)
 
-    rest = eps
-    if relation is NeighboringRelation.SWAP:
-        n_used = float(x.size if c is None else c.sum())
-    elif n_hint is not None:
-        n_used = float(n_hint)
-    else:
-        true_n = int(x.size if c is None else c.sum())
-        noisy = true_n + discrete_laplace(source, dlap_scale(1, share * eps))
-        n_used = float(max(noisy, 0))
-        rest = (1.0 - share) * eps
+    true_n = int(x.size if c is None else c.sum())
+    name, rest, n_used = plan_auto(int(q.size), true_n, epsilon=eps, neighboring=relation,
+                                   source=source, n_hint=n_hint, count_share=share,
+                                   bounds_missing=lower is None or upper is None,
+                                   bounds_share=bshare)
     missing = lower is None or upper is None
-    quantile_eps = rest * (1.0 - bshare) if missing else rest
-    name = choose_mechanism(int(q.size), n=n_used, epsilon=quantile_eps)
     mechanism = with_private_bounds(get_base_mechanism(name))
     out = mechanism(x, q, epsilon=rest, lower=lower, upper=upper, neighboring=relation, counts=c,
                     rng=source, bounds_share=bshare, **extra)

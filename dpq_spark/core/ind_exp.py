@@ -18,19 +18,57 @@ from dpq_spark.core.privacy import NeighboringRelation, single_quantile_sensitiv
 from dpq_spark.core.grid import Grid
 from dpq_spark.core.single_quantile import GridCells
 
-__all__ = ["ind_exp", "app_ind_exp"]
+__all__ = ["ind_exp", "app_ind_exp", "ind_exp_indices"]
 
 
 def _independent(request: QuantileRequest, x, c, eps_each: float, rng, granularity) -> np.ndarray:
     grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
     f, f_counts = grid.fine_indices(x, c, source)
-    cells = GridCells.of(sort_data(f, f_counts, 0, grid.fine_size - 1), 0, grid.fine_size)
+    out = _sample_indices(f, f_counts, grid.fine_size, request.quantiles, eps_each,
+                          request.neighboring, source)
+    return grid.release(out)
+
+
+def _sample_indices(k, counts, size, quantiles, eps_each, relation, source) -> np.ndarray:
+    cells = GridCells.of(sort_data(k, counts, 0, size - 1), 0, size)
     out = [
-        cells.sample(float(q), eps_each, single_quantile_sensitivity(float(q), request.neighboring), source)
-        for q in request.quantiles
+        cells.sample(float(q), eps_each, single_quantile_sensitivity(float(q), relation), source)
+        for q in quantiles
     ]
-    return grid.release(np.sort(np.array(out, dtype=np.int64)))
+    return np.sort(np.array(out, dtype=np.int64))
+
+
+def ind_exp_indices(k, counts, grid_size: int, quantiles, *, epsilon: float,
+                    neighboring: str | NeighboringRelation = "add_remove", rng=None) -> np.ndarray:
+    """IndExp on grid indices: the draws of :func:`ind_exp` (``epsilon / m`` per quantile),
+    integers in and out.
+
+    ``k`` are grid indices in ``[0, grid_size)`` with multiplicities ``counts`` (None: one
+    each); ``ind_exp(values, ...)`` is this on ``Grid.snap(values)`` followed by
+    ``Grid.value`` (with the default grid, no jitter), the same draws for the same ``rng``.
+
+    Privacy
+    -------
+    As :func:`ind_exp`: ``epsilon``-DP by basic composition (as implemented ``(epsilon + m eta,
+    m delta)``), one unit of ``counts`` the unit of privacy; ``grid_size`` and ``quantiles``
+    public.
+    """
+    from dpq_spark.core._validation import (
+        check_counts,
+        check_epsilon,
+        check_grid_indices,
+        check_positive_int,
+        check_quantiles,
+    )
+
+    size = check_positive_int(grid_size, "grid_size")
+    eps = check_epsilon(epsilon)
+    q = check_quantiles(quantiles)
+    relation = NeighboringRelation.parse(neighboring)
+    idx = check_grid_indices(k, size)
+    c_arr = None if counts is None else check_counts(counts, idx.size)
+    return _sample_indices(idx, c_arr, size, q, eps / q.size, relation, resolve_rng(rng))
 
 
 def ind_exp(

@@ -11,6 +11,8 @@ from functools import reduce
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from dpq_spark.core.coarse_bands import COARSE_SHIFT
+from dpq_spark.core.grid import Grid
 from dpq_spark.spark._release import (
     BUCKET_BITS,
     BUCKET_CAP,
@@ -25,8 +27,12 @@ from dpq_spark.spark._release import (
     UNITS,
 )
 
+CODE_SPAN = 1 << 33  # public-key codes: GID * 2**33 + grid index (k <= 2**32)
+MAX_PACKED_KEYS = 1 << 30
+
 __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "bound_contributions",
-           "cell_column", "bucket_column", "value_cell", "cell_counts", "partitioned_cells", "partitioned_codes"]
+           "grid_index_column", "bucket_column", "value_cell", "cell_counts",
+           "coarse_counts", "fine_counts_in", "CODE_SPAN", "MAX_PACKED_KEYS", "partitioned_cells", "partitioned_codes"]
 
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
@@ -76,12 +82,16 @@ def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, m
     """Keep at most ``max_groups`` groups per unit and ``max_rows`` rows per (unit, group).
 
     Groups are ranked per unit by ``xxhash64(group_seed, unit, key...)``, a pseudo-random order
-    keyed by a secret seed; rows by ``rand(row_seed)``. Both choices depend only on the unit's
-    own rows and the seeds, so adding or removing one unit leaves the other units' kept rows
-    identically distributed. Adds ``UNITS`` = 1 on exactly one kept row per (unit, group).
+    keyed by a secret seed; rows by ``xxhash64(row_seed, unit, key..., value)`` then the value.
+    Both choices depend only on the unit's own rows and the seeds, so adding or removing one
+    unit leaves the other units' kept rows identically distributed. They are also
+    deterministic: rows equal in (unit, key, value) are interchangeable, so every evaluation of
+    the plan keeps the same multiset of values (the ungrouped path reads it twice). Adds
+    ``UNITS`` = 1 on exactly one kept row per (unit, group).
     """
-    rows = rows.withColumn(_RAND, F.rand(row_seed))
-    per_group = Window.partitionBy(UNIT, *keys).orderBy(_RAND)
+    rows = rows.withColumn(_RAND, F.xxhash64(F.lit(row_seed), F.col(UNIT),
+                                             *[F.col(k) for k in keys], F.col(VALUE)))
+    per_group = Window.partitionBy(UNIT, *keys).orderBy(_RAND, VALUE)
     rows = rows.withColumn(_ROW_RANK, F.row_number().over(per_group))
     keep = F.col(_ROW_RANK) <= max_rows
     if keys:
@@ -93,16 +103,18 @@ def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, m
     return rows.where(keep).withColumn(UNITS, first).drop(_RAND, _ROW_RANK, _GROUP_RANK)
 
 
-def cell_column(lower: float, upper: float, resolution: int):
-    """The grid cell of the value: clamp to ``[lower, upper]``, then ``floor((x - lower) / w)``.
+def grid_index_column(lower: float, upper: float):
+    """The value's index on the default grid of ``Grid(lower, upper)``, as a long.
 
-    Cell ``k`` covers ``[lower + k w, lower + (k + 1) w)`` with ``w = (upper - lower) /
-    resolution``; ``upper`` itself falls in the last cell. Built-in functions only.
+    ``clip(floor((clamp(x) - lower) / g + 0.5), 0, N)`` with the grid's float64 step ``g`` and
+    ``N = 2**32``: the same correctly rounded float64 operations as
+    :meth:`dpq_spark.core.grid.Grid.snap`, so the index is the core's bit for bit. A per-record
+    map of public constants. Built-in functions only.
     """
-    width = (upper - lower) / resolution
-    clamped = F.least(F.greatest(F.col(VALUE), F.lit(lower)), F.lit(upper))
-    cell = F.least(F.floor((clamped - F.lit(lower)) / F.lit(width)), F.lit(resolution - 1))
-    return F.greatest(cell, F.lit(0)).cast("int")
+    grid = Grid(lower, upper)
+    clamped = F.least(F.greatest(F.col(VALUE), F.lit(float(lower))), F.lit(float(upper)))
+    k = F.floor((clamped - F.lit(float(lower))) / F.lit(grid.granularity) + F.lit(0.5))
+    return F.least(F.greatest(k, F.lit(0)), F.lit(grid.steps)).cast("long")
 
 
 def bucket_column():
@@ -133,29 +145,64 @@ def bucket_column():
 
 
 def value_cell(lower, upper, resolution: int):
-    """The cell of the value: a cell of ``[lower, upper]``, or with ``lower = upper = None`` a
-    bucket of the public log-scale grid."""
+    """The value's index: on the default grid of ``[lower, upper]``, or with ``lower = upper =
+    None`` a bucket of the public log-scale grid (``resolution`` is not used)."""
     if lower is None:
         return bucket_column()
-    return cell_column(lower, upper, resolution)
+    return grid_index_column(lower, upper)
+
+
+def coarse_counts(rows: DataFrame, lower: float, upper: float) -> DataFrame:
+    """Global path, pass 1: rows per coarse cell ``k >> 12`` (``CELL``, at most ``2**20 + 1``
+    rows), partial-aggregated before the shuffle."""
+    coarse = F.shiftright(grid_index_column(lower, upper), COARSE_SHIFT)
+    return rows.groupBy(coarse.alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
+
+
+def fine_counts_in(rows: DataFrame, lower: float, upper: float, ranges,
+                   aggregate: bool = True) -> DataFrame:
+    """Global path, pass 2: rows per grid index (``CELL``, ``COUNT``) of the rows whose coarse
+    cell lies in one of the inclusive ``ranges`` ``[(first, last), ...]`` of coarse cells; with
+    ``aggregate=False`` the grid index of every such row (``CELL`` only: no shuffle, the caller
+    counts)."""
+    k = grid_index_column(lower, upper)
+    coarse = F.shiftright(k, COARSE_SHIFT)
+    keep = _any([coarse.between(int(a), int(b)) for a, b in ranges])
+    selected = rows.select(k.alias(CELL)).where(keep)
+    if not aggregate:
+        return selected
+    return selected.groupBy(CELL).agg(F.count(F.lit(1)).alias(COUNT))
+
+
+def _any(conditions):
+    """OR of the conditions as a balanced tree (depth log2 of their number: Spark Connect
+    refuses deeply nested expressions)."""
+    while len(conditions) > 1:
+        pairs = [a | b for a, b in zip(conditions[::2], conditions[1::2])]
+        conditions = pairs + ([conditions[-1]] if len(conditions) % 2 else [])
+    return conditions[0]
 
 
 def cell_counts(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
-    """Rows per cell (ungrouped path): at most ``resolution`` rows, partial-aggregated
-    before the shuffle."""
+    """Rows per index (bounds-free global path: per bucket), partial-aggregated before the
+    shuffle."""
     return rows.groupBy(value_cell(lower, upper, resolution).alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
 def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower, upper,
                       resolution: int, extra: list) -> DataFrame:
-    """Grouped path with keys from the data: one row per kept data row with its key and cell,
-    hash partitioned by key (one shuffle) so that every group is whole in one partition."""
+    """Grouped path with keys from the data: one row per kept data row with its key and index
+    (grid index, or bucket without bounds), hash partitioned by key (one shuffle) so that every
+    group is whole in one partition."""
     cols = [F.col(k) for k in keys] + [value_cell(lower, upper, resolution).alias(CELL)] + extra
     return rows.select(*cols).repartition(*keys)
 
 
 def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
-    """Grouped path with public keys: one int64 ``CODE = GID * resolution + cell`` per kept row,
-    hash partitioned by ``GID`` (one shuffle); only ``CODE`` travels to Python."""
-    code = F.col(GID).cast("long") * F.lit(resolution) + value_cell(lower, upper, resolution)
+    """Grouped path with public keys: one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k
+    the grid index; the caller refuses more than 2**30 keys so it fits) or without bounds
+    ``GID * resolution + bucket``; hash partitioned by ``GID`` (one shuffle); only ``CODE``
+    travels to Python."""
+    span = CODE_SPAN if lower is not None else resolution
+    code = F.col(GID).cast("long") * F.lit(span).cast("long") + value_cell(lower, upper, resolution)
     return rows.select(F.col(GID), code.alias(CODE)).repartition(GID).select(CODE)

@@ -1,13 +1,19 @@
-"""The per-group step of ``dp_quantiles``: grid-cell counts in, one DP release out.
+"""The per-group step of ``dp_quantiles``: grid-index (or bucket) counts in, one DP release out.
 
-This runs inside ``mapInArrow`` on the executors (streaming each partition's rows) and on the
-driver when there is no grouping or a public key has no rows. It imports pandas, numpy and
-pyarrow only, never pyspark, so that it pickles by reference and stays cheap to import in a
-Python worker.
+This runs inside ``mapInArrow`` on the executors (streaming each partition's rows through a
+:class:`Fold`) and on the driver when there is no grouping or a public key has no rows. With
+bounds, JointExp and IndExp get each group's indices on the core's default grid (exact, or for a
+partition past the fold budget the represented data of :mod:`dpq_spark.core.coarse_bands`);
+ApproxQuantiles and AggTree get coarse cells. For ``mechanism="auto"`` the noisy count and choice
+come first (:func:`~dpq_spark.core.choose.plan_auto`), so the fold knows which data a spilled
+group needs. It imports pandas, numpy and pyarrow only, never pyspark, so that it pickles by
+reference and stays cheap to import in a Python worker.
 """
 
 from __future__ import annotations
 
+import functools
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +21,18 @@ import pandas as pd
 import pyarrow as pa
 
 from dpq_spark.core._random import resolve_rng
+from dpq_spark.core.batch import BATCH_MECHANISMS, release_many
 from dpq_spark.core._samplers import discrete_laplace
+from dpq_spark.core.choose import plan_auto
+from dpq_spark.core.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, reachable, represent
+from dpq_spark.core.grid import Grid
+from dpq_spark.core.ind_exp import ind_exp_indices
+from dpq_spark.core.joint_exp import joint_exp_indices
+from dpq_spark.core.privacy import (
+    NeighboringRelation,
+    joint_exp_sensitivity,
+    single_quantile_sensitivity,
+)
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams", "cell_values",
@@ -72,6 +89,9 @@ def bucket_values(index) -> np.ndarray:
     return np.where(mag == 0, 0.0, np.sign(idx) * v)
 
 _UINT64 = 1 << 64
+#: Distinct (group, grid index) pairs a partition may hold in memory before it spills (the
+#: driver copies the value into ``ReleaseParams.fold_budget``; tests lower it).
+FOLD_BUDGET = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -98,10 +118,10 @@ class ReleaseParams:
     base_seed: int | None = None
     threshold: float | None = None
     noise_scale: float | None = None
-    integral_keys: tuple[bool, ...] = ()
     extra_columns: tuple[str, ...] = ()
     key_hashes: tuple[int, ...] | None = None  # public-key path with a seeded rng only
     bounds_share: float | None = None  # bounds-free path only
+    fold_budget: int = FOLD_BUDGET  # distinct (group, grid index) pairs before a partition spills
 
     @property
     def bounds_free(self) -> bool:
@@ -125,12 +145,13 @@ def _group_rng(params: ReleaseParams, key_hash) -> np.random.Generator:
 
 
 def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
-    """Release the quantiles of one group from its cell counts (driver side).
+    """Release the quantiles of one group from its index counts (driver side).
 
     Parameters
     ----------
     pdf : pandas.DataFrame
-        The rows of one group: key columns (absent when ungrouped), ``CELL`` (grid cell),
+        The rows of one group: key columns (absent when ungrouped), ``CELL`` (grid index with
+        bounds, bucket without),
         ``COUNT`` (rows in the cell, 0 rows allowed), optionally ``UNITS`` (privacy units first
         seen in the cell) and ``KEY_HASH``.
     params : ReleaseParams
@@ -144,8 +165,9 @@ def release_group(pdf: pd.DataFrame, params: ReleaseParams) -> pd.DataFrame:
 
     Privacy
     -------
-    ``params.epsilon``-DP for the group's cell counts under ``params.neighboring`` (the
-    mechanism's guarantee); with partition selection, also the Laplace threshold step.
+    ``params.epsilon``-DP for the group's rows under ``params.neighboring`` (the mechanism's
+    guarantee, as implemented ``(epsilon + eta, delta)``); with partition selection, also the
+    Laplace threshold step.
     """
     real = pdf[pdf[COUNT] > 0]
     cells = real[CELL].to_numpy(dtype=np.int64)
@@ -173,7 +195,10 @@ def release_counts(keys: dict, cells: np.ndarray, counts: np.ndarray, units, key
 def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
                    params: ReleaseParams) -> tuple[np.ndarray, str] | None:
     """The released values of one group and the name of the mechanism that ran (for ``"auto"``
-    the one it picked), or ``None`` when partition selection drops the group."""
+    the one it picked), or ``None`` when partition selection drops the group. With bounds,
+    ``cells`` are grid indices (:func:`release_fine`); without, bucket indices."""
+    if not params.bounds_free:
+        return release_fine(cells, counts, units, key_hash, params)
     rng = _group_rng(params, key_hash)
     if params.threshold is not None:
         # integer unit count + exact discrete Laplace noise vs an integer threshold (_selection)
@@ -198,143 +223,425 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
     return np.asarray(out, dtype=np.float64), str(name)
 
 
-_COMPACT_ROWS = 1 << 22  # raw (group, cell) codes buffered before they are merged into counts
+_COMPACT_ROWS = 1 << 20  # raw codes buffered before they are merged into counts (or spilled)
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
 
 
-def _normal_key(values: tuple) -> tuple:
-    """Hashable, NaN-safe key (pandas turns a null into NaN; NaN != NaN would split groups)."""
-    return tuple(("nan",) if isinstance(v, float) and v != v else v for v in values)
+def _reduce_sorted(codes, counts):
+    """Sum ``counts`` over runs of equal ``codes`` (sorted)."""
+    if codes.size == 0:
+        return codes, counts
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    return codes[starts], np.add.reduceat(counts, starts)
 
 
-def _merge_codes(acc_codes, acc_counts, chunks):
-    """Fold raw codes (one per row) into the sorted distinct codes and their counts."""
-    raw = np.sort(np.concatenate(chunks))
-    starts = np.flatnonzero(np.r_[True, raw[1:] != raw[:-1]])
-    codes, counts = raw[starts], np.diff(np.r_[starts, len(raw)])
-    if acc_codes.size:
-        codes = np.concatenate([acc_codes, codes])
-        counts = np.concatenate([acc_counts, counts])
+class _Counter:
+    """Counts per distinct int64 code, fed in chunks and merged every few million entries.
+
+    Memory: the distinct codes seen so far (two int64 each) plus at most ``_COMPACT_ROWS``
+    buffered entries."""
+
+    def __init__(self):
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int64)
+        self._chunks: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._buffered = 0
+
+    def add(self, codes, counts=None) -> bool:
+        """Buffer codes (one row each, or with ``counts``); True when a merge ran."""
+        self._chunks.append((np.asarray(codes, dtype=np.int64), counts))
+        self._buffered += len(codes)
+        if self._buffered >= _COMPACT_ROWS:
+            self.compact()
+            return True
+        return False
+
+    def compact(self) -> None:
+        if not self._chunks:
+            return
+        codes = [self.codes] + [c for c, _ in self._chunks]
+        counts = [self.counts] + [np.ones(len(c), dtype=np.int64) if w is None
+                                  else np.asarray(w, dtype=np.int64) for c, w in self._chunks]
+        codes, counts = np.concatenate(codes), np.concatenate(counts)
         order = np.argsort(codes, kind="stable")
-        codes, counts = codes[order], counts[order]
-        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        codes, counts = codes[starts], np.add.reduceat(counts, starts)
-    return codes, counts
+        self.codes, self.counts = _reduce_sorted(codes[order], counts[order])
+        self._chunks, self._buffered = [], 0
+
+
+class Fold:
+    """One partition's rows as counts per (group, grid index), in bounded memory.
+
+    Codes are ``gid * 2**33 + k`` (``k`` the index on the default grid, at most ``2**32``).
+    While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
+    it the fold *spills*: the codes are appended to a temporary file in the worker's temp
+    directory (deleted by :meth:`close`) in chunks of up to ``_COMPACT_ROWS`` rows, each stored
+    as raw codes (8 bytes a row) or as distinct (code, count) pairs when that is smaller, and
+    memory keeps only counts per (group, coarse cell ``k >> 12``), at most ``2**20 + 1`` per
+    group whatever its number of rows.
+    :meth:`fine_counts` re-reads the file in chunks for the coarse cells asked for.
+    """
+
+    SHIFT = 33  # bits of k in a code
+    _COARSE_SHIFT = 21  # bits of the coarse cell in a coarse code
+
+    def __init__(self, budget: int):
+        self.budget = int(budget)
+        self.fine = _Counter()
+        self.coarse: _Counter | None = None
+        self._spill = None
+
+    @property
+    def spilled(self) -> bool:
+        return self._spill is not None
+
+    def add(self, codes) -> None:
+        codes = np.asarray(codes, dtype=np.int64)
+        if codes.size == 0:
+            return
+        if self._spill is None:
+            if self.fine.add(codes) and self.fine.codes.size > self.budget:
+                self._start_spill()
+            return
+        self._pending.append(codes)
+        self._pending_rows += codes.size
+        if self._pending_rows >= _COMPACT_ROWS:
+            self._flush()
+
+    def finish(self) -> None:
+        if self._spill is None:
+            self.fine.compact()
+            if self.fine.codes.size > self.budget:
+                self._start_spill()
+        self._flush()
+        if self.coarse is not None:
+            self.coarse.compact()
+
+    def _start_spill(self) -> None:
+        self._spill = tempfile.TemporaryFile(prefix="dpq_fold_")
+        self._pending, self._pending_rows = [], 0
+        self.coarse = _Counter()
+        codes, counts = self.fine.codes, self.fine.counts
+        self.fine = _Counter()
+        self._write(codes, counts)
+
+    def _flush(self) -> None:
+        if self._spill is None or not self._pending:
+            return
+        raw = np.sort(np.concatenate(self._pending))
+        self._pending, self._pending_rows = [], 0
+        codes, counts = _reduce_sorted(raw, np.ones(raw.size, dtype=np.int64))
+        if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
+            self._write(raw, None)
+            self.coarse.add(*_reduce_sorted(self.coarse_code(codes), counts))
+        else:
+            self._write(codes, counts)
+
+    def _write(self, codes, counts) -> None:
+        """Append one chunk: header (size, has counts), the codes, then the counts if any."""
+        header = np.array([codes.size, counts is not None], dtype=np.int64)
+        self._spill.write(header.tobytes())
+        self._spill.write(np.ascontiguousarray(codes, dtype=np.int64).tobytes())
+        if counts is not None:
+            self._spill.write(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
+            self.coarse.add(*_reduce_sorted(self.coarse_code(codes), counts))
+
+    def _chunks(self):
+        """The spilled (codes, counts) chunks, read back one at a time."""
+        self._spill.flush()
+        self._spill.seek(0)
+        while True:
+            head = self._spill.read(16)
+            if not head:
+                return
+            size, has_counts = np.frombuffer(head, dtype=np.int64)
+            codes = np.frombuffer(self._spill.read(8 * int(size)), dtype=np.int64)
+            if has_counts:
+                counts = np.frombuffer(self._spill.read(8 * int(size)), dtype=np.int64)
+            else:
+                counts = np.ones(codes.size, dtype=np.int64)
+            yield codes, counts
+
+    @classmethod
+    def coarse_code(cls, codes):
+        gid = codes >> cls.SHIFT
+        k = codes - (gid << cls.SHIFT)
+        return (gid << cls._COARSE_SHIFT) + (k >> COARSE_SHIFT)
+
+    def groups(self):
+        """Sorted gids and, per gid, ``(a, b)`` slices into :meth:`arrays`."""
+        codes, shift = (self.fine.codes, self.SHIFT) if self._spill is None else (
+            self.coarse.codes, self._COARSE_SHIFT)
+        gid = codes >> shift
+        starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]]) if gid.size else np.zeros(0, int)
+        ends = np.r_[starts[1:], gid.size].astype(np.int64)
+        return gid[starts], starts, ends
+
+    def arrays(self):
+        """``(index, counts)``: fine grid indices when not spilled, else coarse cells."""
+        if self._spill is None:
+            codes = self.fine.codes
+            return codes - ((codes >> self.SHIFT) << self.SHIFT), self.fine.counts
+        codes = self.coarse.codes
+        return codes - ((codes >> self._COARSE_SHIFT) << self._COARSE_SHIFT), self.coarse.counts
+
+    def fine_counts(self, wanted) -> tuple[np.ndarray, np.ndarray]:
+        """Exact counts per fine code of the spilled rows whose coarse code is in ``wanted``
+        (sorted int64), read back in chunks."""
+        out = _Counter()
+        wanted = np.asarray(wanted, dtype=np.int64)
+        if wanted.size == 0:
+            return out.codes, out.counts
+        for codes, counts in self._chunks():
+            coarse = self.coarse_code(codes)
+            at = np.minimum(np.searchsorted(wanted, coarse), wanted.size - 1)
+            hit = wanted[at] == coarse
+            if hit.any():
+                out.add(codes[hit], counts[hit])
+        out.compact()
+        return out.codes, out.counts
+
+    def close(self) -> None:
+        if self._spill is not None:
+            self._spill.close()
+
+
+def _grid(params: ReleaseParams) -> Grid:
+    return _grid_of(params.lower, params.upper)
+
+
+@functools.lru_cache(maxsize=8)
+def _grid_of(lower: float, upper: float) -> Grid:
+    return Grid(lower, upper)
+
+
+def _start_group(n: int, units, key_hash, params: ReleaseParams):
+    """Partition selection, then the choice of mechanism, for one group (bounded path).
+
+    Returns ``(source, name, epsilon)`` for the mechanism step, or ``None`` when partition
+    selection drops the group. Draws in the order of the core: the selection noise, then (for
+    ``"auto"``) the noisy count of :func:`~dpq_spark.core.choose.plan_auto`; the same source then
+    feeds the mechanism."""
+    source = resolve_rng(_group_rng(params, key_hash))
+    if params.threshold is not None:
+        size = n if units is None else int(units)
+        if size + discrete_laplace(source, params.noise_scale) < params.threshold:
+            return None
+    if params.mechanism != "auto":
+        return source, params.mechanism, params.epsilon
+    name, rest, _ = plan_auto(len(params.quantiles), n, epsilon=params.epsilon,
+                              neighboring=params.neighboring, source=source)
+    return source, name, rest
+
+
+#: Mechanisms that get the group's grid indices (exact, or the represented data of a spilled
+#: group, built from their bands); the others get coarse cells.
+FINE_MECHANISMS = ("joint_exp", "ind_exp")
+
+
+def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
+    """JointExp or IndExp on grid indices (exact or represented data), released as grid
+    values: the same draws as the core's ``joint_exp``/``ind_exp`` on values with these
+    indices."""
+    grid = _grid(params)
+    run = joint_exp_indices if name == "joint_exp" else ind_exp_indices
+    out = run(k, counts, grid.size, np.asarray(params.quantiles, dtype=np.float64),
+              epsilon=epsilon, neighboring=params.neighboring, rng=source)
+    return grid.value(out)
+
+
+def band_keep(name, cells, counts, epsilon, params: ReleaseParams) -> np.ndarray:
+    """The coarse cells a spilled group must bring at full precision for mechanism ``name``.
+
+    JointExp: :func:`~dpq_spark.core.coarse_bands.reachable` at ``c = epsilon / (2 Delta)``.
+    IndExp: each quantile's draw is JointExp with m = 1 at half its ``c`` (weight
+    ``exp(-c_q |rho - q n|)`` with ``c_q = (epsilon / m) / (2 Delta_q)`` is ``exp(c u)`` for
+    ``u = -2 |rho - q n|``); the union of the m bands (keeping more cells only shrinks what is
+    pruned), so each draw is within total variation 2**-59 of its draw on the fine data.
+    """
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    relation = NeighboringRelation.parse(params.neighboring)
+    steps = _grid(params).steps
+    if name == "joint_exp":
+        return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
+                         steps)
+    keep = np.zeros(len(cells), dtype=bool)
+    for qj in q:
+        c = (epsilon / q.size) / (2.0 * single_quantile_sensitivity(float(qj), relation)) / 2.0
+        keep |= reachable(cells, counts, [qj], c, steps)
+    return keep
+
+
+def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
+    """A mechanism other than JointExp on coarse cells, each row at its cell's fixed
+    representative grid point (a per-record map of public constants)."""
+    grid = _grid(params)
+    if name == params.mechanism:
+        mechanism = get_mechanism(name)
+    else:  # picked by auto: the pure mechanism, bounds given
+        from dpq_spark.core.mechanisms import get_base_mechanism
+
+        mechanism = get_base_mechanism(name)
+    out = mechanism(grid.value(coarse_midpoints(cells, grid.steps)),
+                    np.asarray(params.quantiles, dtype=np.float64), epsilon=epsilon,
+                    lower=params.lower, upper=params.upper, neighboring=params.neighboring,
+                    counts=counts, rng=source)
+    return np.asarray(out, dtype=np.float64)
+
+
+def _to_coarse(k, counts):
+    return _reduce_sorted(coarse_of(k), np.asarray(counts, dtype=np.int64))
+
+
+def release_fine(k, counts, units, key_hash, params: ReleaseParams):
+    """Release one group (bounded path) from its sorted distinct grid indices ``k`` and
+    ``counts``. Returns ``(values, mechanism name)`` or ``None`` (dropped by selection)."""
+    k = np.asarray(k, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    started = _start_group(int(counts.sum()), units, key_hash, params)
+    if started is None:
+        return None
+    source, name, eps = started
+    if name in FINE_MECHANISMS:
+        return _run_fine(name, k, counts, source, eps, params), name
+    return _run_coarse(name, *_to_coarse(k, counts), source, eps, params), name
+
+
+def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
+    """Release every group of a finished fold: ``[(gid, values, name)]`` in gid order
+    (dropped groups left out)."""
+    gids, starts, ends = fold.groups()
+    index, counts = fold.arrays()
+    out = []
+    if not fold.spilled:
+        if _batchable(params):
+            return _release_batch(gids.tolist(), starts, ends, index, counts, params)
+        for gid, a, b in zip(gids.tolist(), starts, ends):
+            got = release_fine(index[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
+            if got is not None:
+                out.append((gid, *got))
+        return out
+    # Spilled: choose per group from exact coarse counts; JointExp/IndExp groups get their
+    # reachable cells' fine counts from the spill file (one pass over it), the others coarse
+    # cells.
+    pending = []
+    wanted = []
+    for gid, a, b in zip(gids.tolist(), starts, ends):
+        cells, ccounts = index[a:b], counts[a:b]
+        started = _start_group(int(ccounts.sum()), units_of(gid), hash_of(gid), params)
+        if started is None:
+            continue
+        source, name, eps = started
+        if name not in FINE_MECHANISMS:
+            out.append((gid, _run_coarse(name, cells, ccounts, source, eps, params), name))
+            continue
+        keep = band_keep(name, cells, ccounts, eps, params)
+        pending.append((gid, cells, ccounts, keep, source, eps, name))
+        wanted.append((gid << Fold._COARSE_SHIFT) + cells[keep])
+    if pending:
+        codes, fine = fold.fine_counts(np.sort(np.concatenate(wanted)))
+        fgid = codes >> Fold.SHIFT
+        for gid, cells, ccounts, keep, source, eps, name in pending:
+            a, b = np.searchsorted(fgid, [gid, gid + 1])
+            k, w = represent(codes[a:b] - (gid << Fold.SHIFT), fine[a:b], cells, ccounts, keep)
+            out.append((gid, _run_fine(name, k, w, source, eps, params), name))
+        out.sort(key=lambda t: t[0])
+    return out
+
+
+def _batchable(params: ReleaseParams) -> bool:
+    """Whether groups can be released together by :func:`dpq_spark.core.batch.release_many`:
+    public parameters only (production randomness, no partition selection, a mechanism it
+    covers, bounds given)."""
+    return (params.base_seed is None and params.threshold is None and not params.bounds_free
+            and params.mechanism in BATCH_MECHANISMS)
+
+
+def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
+    """Release the groups of an unspilled fold in batches of ``_OUTPUT_GROUPS``: each group
+    with exactly the distribution :func:`release_fine` gives it (the noisy count and choice of
+    ``"auto"``, JointExp/IndExp on the exact grid indices, ApproxQuantiles/AggTree on coarse
+    cells), at a per-group cost of tens of microseconds instead of milliseconds."""
+    out = []
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    for lo in range(0, len(gids), _OUTPUT_GROUPS):
+        chunk = range(lo, min(lo + _OUTPUT_GROUPS, len(gids)))
+        groups = [(index[starts[i]:ends[i]], counts[starts[i]:ends[i]]) for i in chunk]
+        got = release_many(groups, q, epsilon=params.epsilon, lower=params.lower,
+                           upper=params.upper, neighboring=params.neighboring,
+                           mechanism=params.mechanism, grid_indices=True, coarse_cells=True)
+        out += [(gids[i], got.values[j], got.mechanisms[j]) for j, i in enumerate(chunk)]
+    return out
 
 
 def release_partition(batches, params: ReleaseParams):
-    """``mapInPandas`` body: count (group, cell) pairs of one partition, release each group.
+    """``mapInArrow`` body of the public-key path: fold one partition, release each group.
 
-    The input is hash partitioned by key, so every group is whole in one partition. Each row is
-    one kept data row. With public keys it is a single ``CODE`` (key index * resolution + cell)
-    and the output carries ``GID`` instead of the key columns; with keys from partition
-    selection it is the key columns, ``CELL``, optionally ``UNITS`` (1 on the first row of each
-    privacy unit in the group) and ``KEY_HASH``. Rows are streamed batch by batch and reduced to
-    counts per distinct (group, cell) every few million rows, so memory is bounded by the number
-    of distinct (group, cell) pairs of the partition (at most ``resolution`` per group), never
-    by a group's number of rows.
+    The input is hash partitioned by key index, so every group is whole in one partition. Each
+    row is one kept data row, a single ``CODE``: key index * 2**33 + grid index, or key index *
+    resolution + bucket without bounds. The output carries ``GID`` instead of the key columns
+    (the driver maps it back to the key). With bounds the rows go through a :class:`Fold`
+    (exact counts per distinct grid index within ``params.fold_budget`` pairs, else a spill file
+    and coarse counts; see :mod:`dpq_spark.core.coarse_bands` for why the release is unchanged
+    to within total variation 2**-59); without bounds they are counted per (group, bucket), at
+    most ``BUCKETS`` per group.
     """
-    keys = list(params.keys)
-    res = params.resolution
-    packed = CODE in params.extra_columns
-    gid_of: dict = {}
-    key_values: list[tuple] = []
-    key_hashes: list = []
-    units = np.zeros(0, dtype=np.int64)
-    acc_codes = np.zeros(0, dtype=np.int64)
-    acc_counts = np.zeros(0, dtype=np.int64)
-    chunks: list[np.ndarray] = []
-    buffered = 0
-    for pdf in batches:
-        if len(pdf) == 0:
+    fold = None if params.bounds_free else Fold(params.fold_budget)
+    try:
+        yield from _release_partition(batches, params, fold)
+    finally:
+        if fold is not None:
+            fold.close()  # deletes the spill file, also when the task fails
+
+
+def _release_partition(batches, params: ReleaseParams, fold):
+    span = (1 << Fold.SHIFT) if fold is not None else params.resolution
+    sink = fold if fold is not None else _Counter()
+    for batch in batches:
+        if len(batch) == 0:
             continue
-        if packed:  # key index and cell already packed into one int64 by Spark
-            chunks.append(np.asarray(pdf[CODE], dtype=np.int64))  # pandas or Arrow batch
-            buffered += len(pdf)
-            if buffered >= _COMPACT_ROWS:
-                acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-                chunks, buffered = [], 0
-            continue
-        if len(keys) == 1:
-            local, _ = pd.factorize(pdf[keys[0]], use_na_sentinel=False)
-        else:
-            local = pdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
-        local = np.asarray(local, dtype=np.int64)
-        _, first = np.unique(local, return_index=True)
-        firsts = pdf.iloc[first]
-        to_gid = np.empty(len(first), dtype=np.int64)
-        hashes = firsts[KEY_HASH].tolist() if KEY_HASH in pdf.columns else [0] * len(first)
-        for j, values in enumerate(firsts[keys].itertuples(index=False, name=None)):
-            norm = _normal_key(values)
-            gid = gid_of.get(norm)
-            if gid is None:
-                gid = gid_of[norm] = len(key_values)
-                key_values.append(values)
-                key_hashes.append(hashes[j])
-            to_gid[j] = gid
-        gids = to_gid[local]
-        chunks.append(gids * res + pdf[CELL].to_numpy(dtype=np.int64))
-        buffered += len(pdf)
-        if UNITS in pdf.columns:
-            add = np.bincount(gids, weights=pdf[UNITS].to_numpy(dtype=np.float64),
-                              minlength=len(key_values)).astype(np.int64)
-            units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
-        if buffered >= _COMPACT_ROWS:
-            acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-            chunks, buffered = [], 0
-    if chunks:
-        acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-    if acc_codes.size == 0:
-        return
-    group_of = acc_codes // res
-    cells = acc_codes - group_of * res
-    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
-    ends = np.r_[starts[1:], len(group_of)]
-    if packed:  # arrays only: no per-group pandas frame
-        m = len(params.quantiles)
-        q = np.asarray(params.quantiles, dtype=np.float64)
-        for lo in range(0, len(starts), _OUTPUT_GROUPS):
-            gids, values, names = [], [], []
-            for a, b in zip(starts[lo:lo + _OUTPUT_GROUPS], ends[lo:lo + _OUTPUT_GROUPS]):
-                gid = int(group_of[a])
-                key_hash = params.key_hashes[gid] if params.key_hashes is not None else 0
-                gids.append(gid)
-                group_values, name = release_values(cells[a:b], acc_counts[a:b], None, key_hash,
-                                                    params)
-                values.append(group_values)
-                names.append(name)
-            yield pd.DataFrame({GID: np.repeat(np.asarray(gids, dtype=np.int64), m),
-                                "quantile": np.tile(q, len(gids)),
-                                "value": np.concatenate(values),
-                                MECHANISM: np.repeat(np.asarray(names, dtype=object), m)})
-        return
-    done = []
+        # key index and grid index (or bucket) already packed into one int64 by Spark
+        sink.add(np.asarray(batch[CODE], dtype=np.int64))  # pandas or Arrow batch
+    if params.key_hashes is not None:
+        def hash_of(gid):
+            return params.key_hashes[gid]
+    else:
+        def hash_of(gid):
+            return 0
+
+    def units_of(gid):
+        return None
+
+    if fold is not None:
+        fold.finish()
+        released = _release_fold(fold, params, units_of, hash_of)
+    else:
+        released = _release_buckets(sink, span, params, units_of, hash_of)
+    m = len(params.quantiles)
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    for lo in range(0, len(released), _OUTPUT_GROUPS):
+        part = released[lo:lo + _OUTPUT_GROUPS]
+        yield pd.DataFrame({GID: np.repeat(np.asarray([g for g, _, _ in part], np.int64), m),
+                            "quantile": np.tile(q, len(part)),
+                            "value": np.concatenate([v for _, v, _ in part]),
+                            MECHANISM: np.repeat(np.asarray([n for _, _, n in part],
+                                                            dtype=object), m)})
+
+
+def _release_buckets(counter: _Counter, span: int, params: ReleaseParams, units_of, hash_of):
+    """Bounds-free path: release each group from its (bucket, count) pairs."""
+    counter.compact()
+    codes, counts = counter.codes, counter.counts
+    group_of = codes // span
+    cells = codes - group_of * span
+    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]]) if codes.size else []
+    ends = np.r_[starts[1:], len(group_of)] if codes.size else []
+    out = []
     for a, b in zip(starts, ends):
         gid = int(group_of[a])
-        group_keys = dict(zip(keys, _output_key(key_values[gid], params)))
-        group_units = int(units[gid]) if UNITS in params.extra_columns else None
-        done.append(release_counts(group_keys, cells[a:b], acc_counts[a:b], group_units,
-                                   key_hashes[gid], params))
-        if len(done) >= _OUTPUT_GROUPS:
-            yield pd.concat(done, ignore_index=True)
-            done = []
-    if done:
-        yield pd.concat(done, ignore_index=True)
-
-
-def _output_key(values: tuple, params: ReleaseParams) -> tuple:
-    """Key values as the output column types expect (pandas may have turned ints into floats
-    and nulls into NaN within a batch)."""
-    out = []
-    for v, integral in zip(values, params.integral_keys):
-        if isinstance(v, float) and v != v:
-            v = None if integral else v
-        elif integral and isinstance(v, (float, np.floating)):
-            v = int(v)
-        elif isinstance(v, np.generic):
-            v = v.item()
-        out.append(v)
-    return tuple(out)
+        got = release_values(cells[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
+        if got is not None:
+            out.append((gid, *got))
+    return out
 
 
 def _frame(keys: dict, params: ReleaseParams, values: np.ndarray, mechanism: str) -> pd.DataFrame:
@@ -349,67 +656,64 @@ def _frame(keys: dict, params: ReleaseParams, values: np.ndarray, mechanism: str
 def release_keyed_partition(batches, params: ReleaseParams):
     """``mapInArrow`` body for keys from partition selection: Arrow batches in and out.
 
-    Each input row is one kept data row: the key columns, ``CELL`` and, with a privacy unit,
-    ``UNITS``. Keys are numbered with :class:`dpq_spark.spark._keys.KeyIndex` (pyarrow, never
-    pandas: null and NaN are distinct keys, int64 keys stay exact), then folded into counts per
-    distinct (key, cell) exactly as the public-key path folds its codes. Each group is released
-    (or dropped by the partition-selection threshold); the output batches carry the key columns
-    as the same Arrow arrays the keys came in, ``quantile``, ``value`` and ``MECHANISM``.
+    Each input row is one kept data row: the key columns, ``CELL`` (grid index with bounds,
+    bucket without) and, with a privacy unit, ``UNITS``. Keys are numbered with
+    :class:`dpq_spark.spark._keys.KeyIndex` (pyarrow, never pandas: null and NaN are distinct
+    keys, int64 keys stay exact), and the rows go through the same :class:`Fold` as the
+    public-key path (``local gid * 2**33 + k``; without bounds a counter per (gid, bucket)).
+    Each group is released or dropped by the partition-selection threshold; the output batches
+    carry the key columns as the same Arrow arrays the keys came in, ``quantile``, ``value`` and
+    ``MECHANISM``.
     """
+    fold = None if params.bounds_free else Fold(params.fold_budget)
+    try:
+        yield from _release_keyed(batches, params, fold)
+    finally:
+        if fold is not None:
+            fold.close()  # deletes the spill file, also when the task fails
+
+
+def _release_keyed(batches, params: ReleaseParams, fold):
     from dpq_spark.spark._keys import KeyIndex, key_seed
 
     index = KeyIndex(params.keys)
-    res = params.resolution
+    span = (1 << Fold.SHIFT) if fold is not None else params.resolution
+    sink = fold if fold is not None else _Counter()
     with_units = UNITS in params.extra_columns
     units = np.zeros(0, dtype=np.int64)
-    acc_codes = np.zeros(0, dtype=np.int64)
-    acc_counts = np.zeros(0, dtype=np.int64)
-    chunks: list[np.ndarray] = []
-    buffered = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         gids = index.gids([batch.column(k) for k in params.keys])
         cells = batch.column(CELL).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        chunks.append(gids * res + cells)
-        buffered += batch.num_rows
+        sink.add(gids * span + cells)
         if with_units:
             weights = batch.column(UNITS).to_numpy(zero_copy_only=False).astype(np.float64)
             add = np.bincount(gids, weights=weights, minlength=index.size).astype(np.int64)
             units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
-        if buffered >= _COMPACT_ROWS:
-            acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-            chunks, buffered = [], 0
-    if chunks:
-        acc_codes, acc_counts = _merge_codes(acc_codes, acc_counts, chunks)
-    if acc_codes.size == 0:
+    units_of = (lambda gid: int(units[gid])) if with_units else (lambda gid: None)
+    if params.base_seed is not None:  # seeded runs (tests): a per-key seed
+        def hash_of(gid):
+            return key_seed(index.values[gid])
+    else:
+        def hash_of(gid):
+            return 0
+    if fold is not None:
+        fold.finish()
+        released = _release_fold(fold, params, units_of, hash_of)
+    else:
+        released = _release_buckets(sink, span, params, units_of, hash_of)
+    if not released:
         return
     keys = index.table()
-    group_of = acc_codes // res
-    cells = acc_codes - group_of * res
-    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
-    ends = np.r_[starts[1:], len(group_of)]
     q = np.asarray(params.quantiles, dtype=np.float64)
-    for lo in range(0, len(starts), _OUTPUT_GROUPS):
-        take, quantile, values, names = [], [], [], []
-        for a, b in zip(starts[lo:lo + _OUTPUT_GROUPS], ends[lo:lo + _OUTPUT_GROUPS]):
-            gid = int(group_of[a])
-            seed = key_seed(index.values[gid]) if params.base_seed is not None else 0
-            out = release_values(cells[a:b], acc_counts[a:b], int(units[gid]) if with_units
-                                 else None, seed, params)
-            if out is None:  # dropped by partition selection
-                continue
-            group_values, name = out
-            take.append(np.full(len(group_values), gid, dtype=np.int64))
-            quantile.append(q[:len(group_values)])
-            values.append(group_values)
-            names += [name] * len(group_values)
-        if not take:
-            continue
-        picked = keys.take(pa.array(np.concatenate(take), type=pa.int64()))
+    for lo in range(0, len(released), _OUTPUT_GROUPS):
+        part = released[lo:lo + _OUTPUT_GROUPS]
+        take = np.concatenate([np.full(len(v), g, dtype=np.int64) for g, v, _ in part])
+        picked = keys.take(pa.array(take, type=pa.int64()))
         arrays = [picked.column(k).combine_chunks() for k in params.keys]
-        arrays += [pa.array(np.concatenate(quantile), type=pa.float64()),
-                   pa.array(np.concatenate(values), type=pa.float64()),
-                   pa.array(names, type=pa.string())]
+        arrays += [pa.array(np.concatenate([q[:len(v)] for _, v, _ in part]), type=pa.float64()),
+                   pa.array(np.concatenate([v for _, v, _ in part]), type=pa.float64()),
+                   pa.array([n for _, v, n in part for _ in range(len(v))], type=pa.string())]
         yield pa.RecordBatch.from_arrays(arrays, names=[*params.keys, "quantile", "value",
                                                         MECHANISM])

@@ -14,8 +14,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dpq_spark.core.coarse_bands import represent
 from dpq_spark.spark import _compat
 from dpq_spark.spark import _dataflow as flow
+from dpq_spark.spark import _release
 from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
 from dpq_spark.spark._compat import create_dataframe
 from dpq_spark.spark._keys import key_seed, normalise, spark_order
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
+_RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to this many rows
 _ACTIONS: contextvars.ContextVar = contextvars.ContextVar("dpq_spark_actions", default=None)
 
 
@@ -122,8 +125,8 @@ def dp_quantiles(
         With ``group_by`` and no ``groups``: select keys from the data by DP partition selection,
         making the release ``(epsilon, delta)``-DP.
     resolution : int, optional
-        Number of equal cells of the value grid over ``[lower, upper]`` (at most 2**30;
-        default 2**20). Only with bounds: without them the grid is the fixed log-scale one.
+        Validated (at most 2**30; only with bounds) but no longer used: with bounds the values
+        go to the core's 2**32-step grid (see Notes). Kept so existing calls keep working.
     mechanism : str, default "auto"
         ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
         row count: public under swap, else a noisy count with 5% of the group's epsilon;
@@ -163,22 +166,30 @@ def dp_quantiles(
     Notes
     -----
     Data path (see ``docs/spark.md``): Spark casts the column to double, drops null/NaN, clamps
-    it to ``[lower, upper]`` and maps each value to one of ``resolution`` equal cells (built-in
-    functions only). Ungrouped, it counts rows per cell (partial aggregation, at most
-    ``resolution`` rows) and the mechanism runs on the driver. Grouped, rows are hash
-    partitioned by key (one shuffle, no sort); with public keys Spark packs the key's index and
-    the cell into one int64 and ``mapInArrow`` streams the codes, with partition selection
-    ``mapInArrow`` streams the key columns (as Arrow arrays, never pandas) and cells. Either
-    way Python folds each partition into counts per distinct (group, cell) every few million
-    rows, so it never holds a group's raw rows and
-    a group costs at most ``resolution`` counts however many rows it has. The mechanism sees
-    cell midpoints with counts. Rounding to midpoints moves every value by at most
-    ``(upper - lower) / (2 * resolution)`` and keeps the order, so it adds at most that much to
-    the error of every released quantile (about 4.8e-7 of the range at the default). The public
-    keys (``|groups|`` rows; collected by one job when ``groups`` is a DataFrame) are joined
-    (broadcast up to 200,000 keys); the release (``|groups| x len(quantiles)`` rows) is
-    collected. A release runs one Spark job (two with a ``groups`` DataFrame) and logs one INFO
-    line with that count and its time.
+    it to ``[lower, upper]`` and maps each value to its index ``k`` on the core's default grid
+    ``Grid(lower, upper)`` (2**32 steps; the same float64 operations as ``Grid.snap``, built-in
+    functions only). Grouped, rows are hash partitioned by key (one shuffle, no sort); with
+    public keys Spark packs the key's index and ``k`` into one int64 and ``mapInArrow`` streams
+    the codes, with partition selection ``mapInArrow`` streams the key columns (as Arrow arrays,
+    never pandas) and ``k``. Python folds each partition into counts per distinct (group, k), so
+    it never holds raw rows. While the partition's distinct pairs stay within a budget (2**21
+    pairs) every group gets its exact grid data, and JointExp and IndExp release exactly what
+    the core's ``joint_exp``/``ind_exp`` release on the raw values. Past the budget the
+    partition spills its pairs to a local temporary file and keeps counts per (group, coarse
+    cell of 4,096 grid points), at most 2**20 + 1 per group however many rows it has; after the
+    noisy count and choice of each group, JointExp (IndExp) gets the exact ``k`` of the coarse
+    cells it can reach, read back from the file, and each other cell's rows at the cell's left
+    edge: within total variation 2**-59 of the same mechanism on the grid data
+    (:mod:`dpq_spark.core.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
+    (each row at its cell's middle grid point, within 4.8e-7 of the span). Ungrouped, Spark
+    counts rows per coarse cell (at most 2**20 + 1 rows collected), the driver chooses, and for
+    JointExp/IndExp a second job brings the counts per ``k`` of the reachable cells only (so
+    the input is read twice: it must give the same rows both times, e.g. not an unseeded
+    ``rand()`` column). The public keys (``|groups|`` rows; collected by one job when
+    ``groups`` is a DataFrame) are joined (broadcast up to 200,000 keys); the release
+    (``|groups| x len(quantiles)`` rows) is collected and sorted on the driver. Each release
+    logs one INFO line with its time and the number of Spark jobs it ran. ``resolution`` is
+    validated but no longer used with bounds.
 
     Without bounds, Spark cannot place values in cells of ``[lower, upper]``; instead each
     value goes to a bucket of a public log-scale grid, computed with built-ins from the value
@@ -223,6 +234,14 @@ def dp_quantiles(
 
     The mechanism named by ``mechanism`` must be ``epsilon``-DP for one row under
     ``neighboring`` (all offered ones are: JointExp, IndExp, ApproxQuantiles, AggTree, auto).
+
+    As implemented (float64 weights, exact integer draws), each mechanism is ``(epsilon + eta,
+    delta)``-DP with the core's tiny ``eta`` and ``delta`` (:mod:`dpq_spark.core.joint_exp`).
+    With bounds, JointExp and IndExp on a spilled group or on the ungrouped path run on
+    represented data whose release is within total variation 2**-59 of the release on the grid
+    data (per IndExp draw), giving ``delta = (1 + exp(epsilon + eta)) 2**-58`` (IndExp: m times
+    that); whether a partition spilled depends on its data, but both branches sample, within
+    that distance, the same distribution (:mod:`dpq_spark.core.coarse_bands`).
 
     Examples
     --------
@@ -308,11 +327,10 @@ def _plan(req: QuantileRequest, key_table):
         neighboring=req.neighboring.value,
         mechanism=req.mechanism,
         bounds_share=req.bounds_share,
+        fold_budget=_release.FOLD_BUDGET,  # read here, on the driver (tests lower it)
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,
-        integral_keys=tuple(isinstance(req.df.schema[k].dataType, T.IntegralType)
-                            for k in req.keys),
     )
     rows = flow.clean_rows(req)
     if key_table is not None:
@@ -338,13 +356,16 @@ def _output_schema(req: QuantileRequest) -> T.StructType:
 
 
 def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
-    """Public keys: stream ``GID * resolution + cell`` codes through ``mapInArrow``.
+    """Public keys: stream ``GID * 2**33 + k`` codes (k the grid index) through ``mapInArrow``.
 
     One shuffle (by key index, no sort); Python folds each partition's codes into counts per
-    distinct (group, cell). The UDF returns key indexes; the driver maps them back to the
+    distinct (group, grid index), spilling past the fold budget (:class:`_release.Fold`). The UDF returns key indexes; the driver maps them back to the
     collected key values. A public key with no rows never reaches the UDF: the driver answers
     it from empty data, exactly as the UDF would.
     """
+    if req.lower is not None and key_table.num_rows > flow.MAX_PACKED_KEYS:
+        raise ValueError("`groups` must hold at most 2**30 keys with `lower` and `upper`, got "
+                         f"{key_table.num_rows}")
     hashes = key_table.column(KEY_HASH).to_pylist()
     params = dataclasses.replace(params, extra_columns=(CODE,),
                                  key_hashes=tuple(hashes) if params.base_seed is not None else None)
@@ -413,13 +434,55 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
-    """Collect the (at most ``resolution``) cell counts and run the mechanism on the driver."""
-    counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
-    pdf = to_arrow(counts).to_pandas()
-    if pdf.empty:
-        pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
-    out = release_group(pdf, params)
-    return pa.Table.from_pandas(out, preserve_index=False)
+    """No grouping. With bounds, in at most two jobs: pass 1 collects rows per coarse cell (at
+    most 2**20 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp and
+    IndExp then get the grid indices of their reachable coarse cells (pass 2, filtered by cell
+    ranges) and the pruned cells at their left edges (:mod:`dpq_spark.core.coarse_bands`); the
+    other mechanisms run on the coarse cells. Without bounds, bucket counts in one job."""
+    if req.lower is None:
+        counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
+        pdf = to_arrow(counts).to_pandas()
+        if pdf.empty:
+            pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
+        out = release_group(pdf, params)
+        return pa.Table.from_pandas(out, preserve_index=False)
+    coarse = to_arrow(flow.coarse_counts(rows, req.lower, req.upper))
+    cells = coarse.column(CELL).to_numpy().astype(np.int64)
+    counts = coarse.column(COUNT).to_numpy().astype(np.int64)
+    order = np.argsort(cells, kind="stable")
+    cells, counts = cells[order], counts[order]
+    started = _release._start_group(int(counts.sum()), None, 0, params)
+    source, name, eps = started
+    if name not in _release.FINE_MECHANISMS:
+        values = _release._run_coarse(name, cells, counts, source, eps, params)
+    else:
+        keep = _release.band_keep(name, cells, counts, eps, params)
+        k = w = np.empty(0, dtype=np.int64)
+        if keep.any():
+            # Few rows in the reachable cells: collect their indices and count on the driver
+            # (no shuffle); else count in Spark. Both give the same counts, so the mechanism's
+            # input and the release's distribution do not depend on the branch.
+            raw = int(counts[keep].sum()) <= _RAW_PASS2_ROWS
+            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, _ranges(keep, cells),
+                                                aggregate=not raw))
+            k = fine.column(CELL).to_numpy().astype(np.int64)
+            if raw:
+                k, w = np.unique(k, return_counts=True)
+            else:
+                w = fine.column(COUNT).to_numpy().astype(np.int64)
+        k, w = represent(k, w, cells, counts, keep)
+        values = _release._run_fine(name, k, w, source, eps, params)
+    m = len(params.quantiles)
+    return pa.table({"quantile": pa.array(params.quantiles, type=pa.float64()),
+                     "value": pa.array(values, type=pa.float64()),
+                     MECHANISM: pa.array([name] * m, type=pa.string())})
+
+
+def _ranges(keep, cells):
+    """Inclusive ranges of coarse cells holding every kept cell and no pruned one (empty cells
+    between kept ones are included: they hold no rows)."""
+    runs = np.flatnonzero(np.diff(np.r_[0, keep.astype(np.int8), 0]))
+    return [(int(cells[a]), int(cells[b - 1])) for a, b in zip(runs[::2], runs[1::2])]
 
 
 def _materialise(req: QuantileRequest, table) -> DataFrame:

@@ -14,67 +14,65 @@ pytest.importorskip("pandas")
 from dpq_spark.core._random import resolve_rng  # noqa: E402
 from dpq_spark.core._samplers import discrete_laplace  # noqa: E402
 from dpq_spark.spark import _release  # noqa: E402
-from dpq_spark.spark._release import CELL, KEY_HASH, UNITS, ReleaseParams  # noqa: E402
+from dpq_spark.spark._release import ReleaseParams  # noqa: E402
+from dpq_spark.core.coarse_bands import coarse_midpoints, coarse_of  # noqa: E402
+from dpq_spark.core.grid import Grid  # noqa: E402
 from dpq_spark.spark._selection import laplace_scale, selection_threshold  # noqa: E402
 
 
 def _params(**kw):
     base = dict(keys=("k1", "k2"), quantiles=(0.5,), epsilon=1.0, lower=0.0, upper=1.0,
-                resolution=64, neighboring="add_remove", mechanism="joint_exp",
-                integral_keys=(True, False))
+                resolution=64, neighboring="add_remove", mechanism="joint_exp")
     base.update(kw)
     return ReleaseParams(**base)
 
 
-@pytest.fixture
-def recorded(monkeypatch):
-    """Replace the mechanism by one that records what it was given."""
-    calls = []
+GRID = Grid(0.0, 1.0)  # the grid of _params(): indices 0 .. 2**32
 
-    def fake(values, quantiles, *, epsilon, lower, upper, neighboring, counts, rng):
-        calls.append((np.asarray(values).copy(), np.asarray(counts).copy()))
-        return np.full(len(quantiles), float(np.sum(counts)))
 
-    monkeypatch.setattr(_release, "get_mechanism", lambda name: fake)
+def _released(out, key):
+    return {key(r): r.value for r in out.itertuples()}
+
+
+@pytest.mark.parametrize("budget, ties", [(1 << 22, False), (40, False), (40, True)])
+def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budget, ties):
+    """Exact counts per (group, grid index) across batches and merges; past the budget, exact
+    counts per (group, coarse cell) and the spill file gives back exact fine counts of the
+    coarse cells asked for (chunks of raw codes, or of pairs when values are tied)."""
     monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)  # force several merges
-    return calls
-
-
-def test_partition_counts_match_pandas_across_batches_and_merges(recorded):
     gen = np.random.default_rng(0)
-    n = 5000
-    k1 = gen.choice([1.0, 2.0, np.nan], n)  # an int key that pandas turned into float + NaN
-    k2 = gen.choice(["a", "b"], n)
-    cells = gen.integers(0, 64, n)
-    pdf = pd.DataFrame({"k1": k1, "k2": k2, CELL: cells})
-    batches = [pdf.iloc[i:i + 333] for i in range(0, n, 333)]
-    out = pd.concat(list(_release.release_partition(iter(batches), _params())), ignore_index=True)
-
-    truth = pdf.groupby(["k1", "k2"], dropna=False).size()
-    assert len(out) == len(truth) == len(recorded)
-    got = {(None if r.k1 is None else r.k1, r.k2): r.value for r in out.itertuples()}
-    for (a, b), size in truth.items():
-        key = (None if np.isnan(a) else int(a), b)
-        assert got[key] == size  # every row counted once, null keys kept as a group
-    assert all(isinstance(k[0], (int, type(None))) for k in got)  # ints restored, NaN -> None
-    for values, counts in recorded:
-        assert np.all(np.diff(values) > 0) and counts.min() >= 1  # sorted distinct cells
-
-
-def test_units_and_key_hash_are_carried(recorded):
-    pdf = pd.DataFrame({"k1": [1, 1, 2], "k2": ["a", "a", "b"], CELL: [3, 3, 5],
-                        UNITS: [1, 0, 1], KEY_HASH: [11, 11, 22]})
-    params = _params(threshold=-math.inf, noise_scale=1.0, extra_columns=(UNITS, KEY_HASH),
-                     base_seed=5)
-    out = pd.concat(list(_release.release_partition(iter([pdf]), params)))
-    assert sorted(out["value"]) == [1.0, 2.0]
-
-
-def test_partition_selection_drops_a_group_below_the_threshold(recorded):
-    pdf = pd.DataFrame({"k1": [1] * 5, "k2": ["a"] * 5, CELL: [1, 2, 3, 4, 5]})
-    params = _params(threshold=1e9, noise_scale=1.0)
-    assert pd.concat(list(_release.release_partition(iter([pdf]), params))).empty
-    assert recorded == []
+    gids = gen.integers(0, 5, 6000)
+    k = np.where(gen.random(6000) < 0.5, gen.integers(0, 2**32 + 1, 6000),
+                 2**31 + gen.integers(0, 3 * 4096, 6000))
+    if ties:  # 60 distinct values: every spilled chunk is stored as (code, count) pairs
+        k = np.sort(np.unique(k))[:60][gen.integers(0, 60, 6000)]
+    codes = (gids << 33) + k
+    fold = _release.Fold(budget)
+    try:
+        for i in range(0, codes.size, 333):
+            fold.add(codes[i:i + 333])
+        fold.finish()
+        want_codes, want_counts = np.unique(codes, return_counts=True)
+        index, counts = fold.arrays()
+        gid_list, starts, ends = fold.groups()
+        assert gid_list.tolist() == [0, 1, 2, 3, 4]
+        assert fold.spilled == (budget < want_codes.size)
+        if not fold.spilled:
+            assert index.tolist() == (want_codes - ((want_codes >> 33) << 33)).tolist()
+            assert counts.tolist() == want_counts.tolist()
+            return
+        coarse = (gids << 21) + (k >> 12)
+        c_codes, c_counts = np.unique(coarse, return_counts=True)
+        assert counts.tolist() == c_counts.tolist()
+        assert index.tolist() == (c_codes - ((c_codes >> 21) << 21)).tolist()
+        wanted = np.sort(c_codes[::3])
+        got_codes, got_counts = fold.fine_counts(wanted)
+        sel = np.isin(coarse, wanted)
+        e_codes, e_counts = np.unique(codes[sel], return_counts=True)
+        assert got_codes.tolist() == e_codes.tolist()
+        assert got_counts.tolist() == e_counts.tolist()
+    finally:
+        fold.close()
 
 
 def test_cell_values_are_midpoints_inside_bounds():
@@ -124,17 +122,101 @@ def test_new_key_released_with_probability_at_most_delta(groups):
         assert np.mean(np.any(1 + noise >= wrong, axis=1)) > delta + 10 * se
 
 
-def test_packed_codes_are_counted_per_key_index(recorded):
-    """Public-key path: one int64 code = key index * resolution + cell per row."""
+@pytest.mark.parametrize("budget", [1 << 22, 4])
+def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
+    """Public-key path: one int64 code = key index * 2**33 + grid index per row; spilled or
+    not, each key index is released from its own rows."""
+    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)
     gen = np.random.default_rng(3)
     gids = gen.integers(0, 7, 4000)
-    cells = gen.integers(0, 64, 4000)
-    codes = gids * 64 + cells
+    k = 5000 * (gids + 1) + gen.integers(0, 3, 4000)  # each group within a few grid points
+    codes = (gids << 33) + k
     batches = [pd.DataFrame({_release.CODE: codes[i:i + 450]}) for i in range(0, 4000, 450)]
-    params = _params(keys=("g",), integral_keys=(True,), extra_columns=(_release.CODE,))
+    params = _params(keys=("g",), extra_columns=(_release.CODE,), epsilon=1e4,
+                     fold_budget=budget)
     out = pd.concat(list(_release.release_partition(iter(batches), params)), ignore_index=True)
     assert list(out.columns) == [_release.GID, "quantile", "value", "mechanism"]
-    assert set(out["mechanism"]) == {"joint_exp"}  # the recording mechanism has no name: params'
-    expected = pd.Series(gids).value_counts().sort_index()
-    assert out[_release.GID].tolist() == expected.index.tolist()
-    assert out["value"].tolist() == expected.astype(float).tolist()
+    assert set(out["mechanism"]) == {"joint_exp"}
+    assert out[_release.GID].tolist() == list(range(7))
+    for g, value in zip(out[_release.GID], out["value"]):
+        assert GRID.value(np.median(k[gids == g])) == value
+
+
+# --------------------------------------------------------------------------------------------
+# Many groups in one call (production randomness): core.batch.release_many inside the fold
+
+
+def _fold_of(groups):
+    fold = _release.Fold(1 << 22)
+    for gid, k in enumerate(groups):
+        fold.add((np.int64(gid) << 33) + np.asarray(k, dtype=np.int64))
+    fold.finish()
+    return fold
+
+
+def _fold_release(fold, params):
+    return {g: (v.tolist(), name) for g, v, name in
+            _release._release_fold(fold, params, lambda gid: None, lambda gid: gid)}
+
+
+@pytest.mark.parametrize("mechanism", ["auto", "joint_exp", "ind_exp", "approx_quantiles",
+                                       "agg_tree"])
+def test_unseeded_fold_releases_groups_in_batches_with_the_per_group_data(monkeypatch, mechanism):
+    """Without a seed (production) the fold hands its groups to release_many. At a huge epsilon
+    every mechanism puts each output in the one gap (or point) of its data whose rank fits, so
+    the batch path must give JointExp/IndExp (and auto, which picks JointExp here) the exact grid
+    indices and ApproxQuantiles/AggTree the coarse cells, exactly as the seeded per-group path
+    (release_fine): the outputs' positions among the data each mechanism sees must agree."""
+    gen = np.random.default_rng(4)
+    groups = [np.sort(gen.choice(2**32 + 1, size, replace=False)) for size in (10, 20, 40, 300)]
+    groups.append(np.sort(2**31 + gen.choice(3 * 4096, 50, replace=False)))  # 3 coarse cells
+    calls = []
+    real = _release.release_many
+    monkeypatch.setattr(_release, "release_many",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q = (0.1, 0.5, 0.9)
+    batch = _fold_release(_fold_of(groups), _params(epsilon=1e9, quantiles=q, mechanism=mechanism))
+    assert calls, "the unseeded fold did not use release_many"
+    per_group = _fold_release(_fold_of(groups), _params(epsilon=1e9, quantiles=q,
+                                                        mechanism=mechanism, base_seed=1))
+    assert len(calls) == 1  # the seeded run stays on the per-group path
+    assert batch.keys() == per_group.keys() == set(range(len(groups)))
+    coarse = mechanism in ("approx_quantiles", "agg_tree")
+    for g, k in enumerate(groups):
+        assert batch[g][1] == per_group[g][1] == ("joint_exp" if mechanism == "auto" else mechanism)
+        seen = coarse_midpoints(coarse_of(k), GRID.steps) if coarse else k
+        rep = GRID.value(np.unique(seen))
+        # rank of an output among those points: a point and the gap after it rank alike
+        rank = [np.searchsorted(rep, v, side="right") for v in (batch[g][0], per_group[g][0])]
+        assert np.array_equal(*rank), (g, mechanism)
+
+
+@pytest.mark.parametrize("mechanism", ["approx_quantiles", "agg_tree"])
+def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
+    """coarse_cells=True feeds ApproxQuantiles/AggTree each row at its coarse cell's
+    representative grid point, as the per-group path does: seeded (ApproxQuantiles) or at a
+    huge epsilon (AggTree), the same release as the core mechanism on those points, and not
+    the one on the exact indices."""
+    from dpq_spark.core import MECHANISMS
+    from dpq_spark.core.batch import release_many
+
+    gen = np.random.default_rng(8)
+    k = np.sort(2**31 + gen.choice(40 * 4096, 30, replace=False))
+    counts = np.ones(k.size, dtype=np.int64)
+    q = np.array([0.25, 0.5, 0.75])
+    eps = 1.0 if mechanism == "approx_quantiles" else 1e9
+
+    def batch(coarse):
+        out = release_many([(k, counts)], q, epsilon=eps, lower=0.0, upper=1.0,
+                           mechanism=mechanism, grid_indices=True, coarse_cells=coarse,
+                           rng=np.random.default_rng(5))
+        return out.values[0]
+
+    core = MECHANISMS[mechanism](GRID.value(coarse_midpoints(coarse_of(k), GRID.steps)), q,
+                                 epsilon=eps, lower=0.0, upper=1.0, counts=counts,
+                                 rng=np.random.default_rng(5))
+    assert np.array_equal(batch(True), np.asarray(core))
+    if mechanism == "approx_quantiles":  # power: the exact indices give another release
+        assert not np.array_equal(batch(False), np.asarray(core))
+    # (AggTree's 16**4 leaves are unions of whole coarse cells, both aligned on powers of two,
+    # so coarse cells cost it nothing: the two data shapes release the same there)

@@ -1,0 +1,204 @@
+"""The coarse band bound (dpq_spark.core.coarse_bands) against exact JointExp masses, and the
+split of ``auto`` into count-and-choose then run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+
+from dpq_spark.core import coarse_bands as cb
+from dpq_spark.core._random import resolve_rng
+from dpq_spark.core._samplers import discrete_laplace, dlap_scale
+from dpq_spark.core.choose import auto, choose_mechanism, plan_auto
+from dpq_spark.core.grid import Grid
+from dpq_spark.core.joint_exp import joint_exp_indices
+from dpq_spark.core.mechanisms import get_base_mechanism
+from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
+
+N = cb.FINE_STEPS
+TOL = -60 * math.log(2.0)
+
+
+def _segments(k, counts, extra_edges):
+    """Runs of grid points of equal mid-rank: (start, stop, rank) with stop exclusive."""
+    d, t = np.unique(np.repeat(k, counts), return_counts=True)
+    below = np.r_[0, np.cumsum(t)[:-1]]
+    edges = np.unique(np.r_[0, N + 1, d, d + 1, extra_edges])
+    edges = edges[(edges >= 0) & (edges <= N + 1)]
+    start, stop = edges[:-1], edges[1:]
+    i = np.searchsorted(d, start, side="right") - 1  # last data point <= start
+    at = (i >= 0) & (d[np.maximum(i, 0)] == start)
+    lo = np.where(i >= 0, below[np.maximum(i, 0)] + t[np.maximum(i, 0)], 0).astype(float)
+    rank = np.where(at, below[np.maximum(i, 0)] + (t[np.maximum(i, 0)] + 1) / 2.0, lo)
+    return start, stop, rank
+
+
+def _pruned_log_fraction(k, q, c, keep_mask_fn):
+    """log of (JointExp mass with some output in a pruned coarse cell) / Z, exactly (m <= 2)."""
+    k = np.asarray(k, dtype=np.int64)
+    counts = np.ones(k.size, dtype=np.int64)
+    cells, ccounts = np.unique(cb.coarse_of(k), return_counts=True)
+    keep = keep_mask_fn(cells, ccounts)
+    n = k.size
+    edges = np.r_[cells * 4096, np.minimum(cells * 4096 + 4096, N + 1)]
+    start, stop, rank = _segments(k, counts, edges)
+    pruned_seg = np.isin(start >> 12, cells[~keep])
+    length = (stop - start).astype(float)
+    t = np.diff(np.r_[0.0, q, 1.0]) * n
+    if len(q) == 1:
+        logw = np.log(length) + c * -(np.abs(rank - t[0]) + np.abs(n - rank - t[1]))
+        total = logsumexp(logw)
+        if not pruned_seg.any():
+            return -np.inf, keep
+        return logsumexp(logw[pruned_seg]) - total, keep
+    r1, r2 = rank[:, None], rank[None, :]
+    u = -(np.abs(r1 - t[0]) + np.abs(r2 - r1 - t[1]) + np.abs(n - r2 - t[2]))
+    pairs = np.log(length)[:, None] + np.log(length)[None, :]
+    same = np.log(length * (length + 1) / 2)
+    idx = np.arange(length.size)
+    pairs[idx, idx] = same
+    logw = np.where(idx[:, None] <= idx[None, :], pairs + c * u, -np.inf)
+    total = logsumexp(logw)
+    hit = pruned_seg[:, None] | pruned_seg[None, :]
+    if not hit.any():
+        return -np.inf, keep
+    return logsumexp(np.where(hit, logw, -np.inf)) - total, keep
+
+
+def _cases(size):
+    gen = np.random.default_rng(8)
+    base = 2**31
+    return {
+        "cluster_outliers": np.r_[base + gen.integers(0, 40 * 4096, size),
+                                  gen.integers(0, N + 1, 8)],
+        "one_cell_and_spread": np.r_[base + gen.integers(0, 4096, size // 2),
+                                     base + gen.integers(-2**24, 2**24, size // 2)],
+        "two_clusters": np.r_[gen.integers(2**20, 2**20 + 8 * 4096, size // 2),
+                              gen.integers(2**32 - 2**22, 2**32 + 1, size // 2)],
+    }
+
+
+@pytest.mark.parametrize("m, size", [(1, 1500), (2, 300)])
+def test_pruned_mass_below_tolerance_and_wrong_tolerance_fails(m, size):
+    """Exact masses on the grid: what reachable() prunes has probability below 2**-60 under
+    JointExp on the fine data. A band built with tolerance 1/2 (log_tol = log 2) prunes
+    cells whose mass is far above 2**-60: the check has power."""
+    q = np.array([0.5]) if m == 1 else np.array([0.3, 0.7])
+    pruned_any = False
+    wrong_caught = False
+    for eps in (1.0, 4.0):
+        c = eps / (2.0 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
+        for name, k in _cases(size).items():
+            frac, keep = _pruned_log_fraction(
+                k, q, c, lambda cells, counts: cb.reachable(cells, counts, q, c, N))
+            pruned_any |= not keep.all()
+            assert frac <= TOL, (name, eps, frac)
+            wrong, _ = _pruned_log_fraction(
+                k, q, c, lambda cells, counts: cb.reachable(cells, counts, q, c, N,
+                                                            log_tol=math.log(2.0)))
+            wrong_caught |= wrong > TOL
+    assert pruned_any  # the right bound does prune (the test is not vacuous)
+    assert wrong_caught
+
+
+def test_represented_data_keeps_rank_ranges_and_counts():
+    gen = np.random.default_rng(2)
+    k = np.r_[2**31 + gen.integers(0, 200 * 4096, 10000), gen.integers(0, N + 1, 20)]
+    fine_k, fine_w = np.unique(k, return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    keep = cb.reachable(cells, counts, [0.1, 0.5, 0.9], 0.25, N)
+    assert not keep.all() and keep.any()
+    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
+    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep)
+    assert yw.sum() == k.size
+    ycells, ycounts = np.unique(cb.coarse_of(np.repeat(yk, yw)), return_counts=True)
+    assert ycells.tolist() == cells.tolist() and ycounts.tolist() == counts.tolist()
+    # kept cells keep their fine data exactly; pruned ones sit at their left edge
+    inside = np.isin(cb.coarse_of(yk), cells[keep])
+    assert yk[inside].tolist() == fine_k[kept].tolist()
+    assert set(yk[~inside].tolist()) == set((cells[~keep] * 4096).tolist())
+
+
+def test_no_box_keeps_everything():
+    # n = 0 or a single point: no box for the targets, nothing is pruned
+    assert cb.reachable([], [], [0.5], 1.0).size == 0
+    assert cb.reachable([5], [1], [0.5], 1.0).all()
+
+
+def test_represented_release_close_to_fine_release():
+    """JointExp on the represented data and on the fine data: the same draws for most seeds
+    (the pruned cells are essentially never sampled), so every released tuple lands in a kept
+    cell."""
+    gen = np.random.default_rng(5)
+    k = np.r_[2**31 + gen.integers(0, 30 * 4096, 10000), gen.integers(0, N + 1, 40)]
+    q = np.array([0.1, 0.5, 0.9])
+    grid = Grid(0.0, 1.0)
+    fine_k, fine_w = np.unique(k, return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    c = 1.0 / (2.0 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
+    keep = cb.reachable(cells, counts, q, c, N)
+    assert not keep.all()
+    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
+    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep)
+    for seed in range(30):
+        a = joint_exp_indices(fine_k, fine_w, grid.size, q, epsilon=1.0,
+                              rng=np.random.default_rng(seed))
+        b = joint_exp_indices(yk, yw, grid.size, q, epsilon=1.0, rng=np.random.default_rng(seed))
+        assert not np.isin(cb.coarse_of(b), cells[~keep]).any()
+        assert np.array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------
+# auto split into plan_auto + the chosen mechanism
+
+
+def _old_auto(x, q, epsilon, lower, upper, rng, share=0.05):
+    """The pre-split ``auto`` recipe with bounds, written out: one source, noisy count, choice,
+    then the base mechanism on the same source."""
+    source = resolve_rng(rng)
+    noisy = x.size + discrete_laplace(source, dlap_scale(1, share * epsilon))
+    rest = (1 - share) * epsilon
+    name = choose_mechanism(len(q), n=float(max(noisy, 0)), epsilon=rest)
+    return name, get_base_mechanism(name)(x, q, epsilon=rest, lower=lower, upper=upper,
+                                          rng=source)
+
+
+@pytest.mark.parametrize("share", [0.05, 0.2])
+def test_auto_split_gives_the_old_release(share):
+    """auto (now plan_auto + mechanism) equals the old recipe draw for draw, over sizes that
+    straddle choice boundaries; the recipe with a different count share (0.2) differs, so the
+    comparison has power."""
+    gen = np.random.default_rng(0)
+    q = np.linspace(0.05, 0.95, 30)  # m = 30: JointExp vs ApproxQuantiles depends on n
+    mismatches = 0
+    names = set()
+    for trial in range(40):
+        n = int(gen.choice([3, 400, 700, 900, 1200, 5000]))
+        x = gen.normal(0, 1, n)
+        new = auto(x, q, epsilon=1.0, lower=-5, upper=5, rng=np.random.default_rng(trial))
+        name, old = _old_auto(x, q, 1.0, -5, 5, np.random.default_rng(trial), share)
+        names.add(new.mechanism)
+        same = new.mechanism == name and np.array_equal(np.asarray(new), old)
+        mismatches += not same
+    assert len(names) >= 2
+    if share == 0.05:
+        assert mismatches == 0
+    else:
+        assert mismatches > 20
+
+
+def test_plan_auto_then_mechanism_equals_auto():
+    q = np.array([0.25, 0.5, 0.75])
+    gen = np.random.default_rng(1)
+    for seed in range(20):
+        x = gen.uniform(0, 1, 50 + 37 * seed)
+        want = auto(x, q, epsilon=0.5, lower=0, upper=1, rng=np.random.default_rng(seed))
+        source = resolve_rng(np.random.default_rng(seed))
+        name, rest, n_used = plan_auto(3, x.size, epsilon=0.5, neighboring="add_remove",
+                                       source=source)
+        got = get_base_mechanism(name)(x, q, epsilon=rest, lower=0, upper=1, rng=source)
+        assert name == want.mechanism and n_used == want.n_used
+        assert np.array_equal(got, np.asarray(want))

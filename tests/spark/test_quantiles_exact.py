@@ -1,0 +1,303 @@
+"""dp_quantiles gives JointExp each group's data on the core's own grid (issue 11).
+
+The equality tests replay the release with the core: the same per-group randomness
+(``default_rng([base_seed, xxhash64(key)])``, where ``base_seed`` is the third 63-bit draw from
+the caller's Generator) and the raw values. Spark's grid index equals ``Grid.snap``, so the
+core's ``joint_exp`` on the raw values must release the very same numbers. With the fold budget
+lowered, groups take the spill path: there the release must be the core's JointExp on the
+*represented* data (:mod:`dpq_spark.core.coarse_bands`), and the tests check that pruning ran.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("pyspark")
+from pyspark.sql import functions as F  # noqa: E402
+
+from dpq_spark import dp_quantiles  # noqa: E402
+from dpq_spark.core import coarse_bands as cb  # noqa: E402
+from dpq_spark.core import joint_exp  # noqa: E402
+from dpq_spark.core._random import resolve_rng  # noqa: E402
+from dpq_spark.core.choose import auto  # noqa: E402
+from dpq_spark.core.grid import Grid  # noqa: E402
+from dpq_spark.core.ind_exp import ind_exp, ind_exp_indices  # noqa: E402
+from dpq_spark.core.joint_exp import joint_exp_indices  # noqa: E402
+from dpq_spark.spark import _release  # noqa: E402
+from dpq_spark.spark._dataflow import VALUE, grid_index_column  # noqa: E402
+
+A, B = 0.0, 2e9
+GRID = Grid(A, B)
+Q = [0.1, 0.5, 0.9]
+CELL_S = (B - A) / 2**20  # one 2**20-cell of the old data path: 1,907 s
+_C = 1.0 / (2 * 2 * (1 - 0.1))  # epsilon 1, add/remove, smallest quantile gap 0.1
+
+
+def grouped_data():
+    gen = np.random.default_rng(4)
+    t0 = 1_234_567_890.0
+    lo = np.floor(t0 / CELL_S) * CELL_S  # left edge of one old 1,907 s cell
+    return {
+        # 1,000 timestamps inside one old cell of [0, 2e9]
+        "one_cell": lo + gen.uniform(0, CELL_S, 1000),
+        # 600 in that cell, 400 spread over +-1 day
+        "cell_and_day": np.concatenate([lo + gen.uniform(0, CELL_S, 600),
+                                        t0 + gen.uniform(-86_400, 86_400, 400)]),
+        # a cluster with far outliers (some below and above the bounds)
+        "outliers": np.concatenate([t0 + gen.normal(0, 3e5, 6000),
+                                    gen.uniform(-1e9, 3e9, 30)]),
+        "tiny": t0 + gen.uniform(0, 1e6, 3),
+    }
+
+
+def _frame(spark, data):
+    pdf = pd.DataFrame({"g": np.repeat(list(data), [v.size for v in data.values()]),
+                        "x": np.concatenate(list(data.values()))})
+    return spark.createDataFrame(pdf)
+
+
+def _group_rngs(spark, seed, names):
+    """The per-group generators dp_quantiles derives from ``default_rng(seed)``."""
+    source = resolve_rng(np.random.default_rng(seed))
+    source.seed63(), source.seed63()  # row and group seeds of contribution bounding
+    base = source.seed63()
+    hashes = (spark.createDataFrame([(n,) for n in names], "g string")
+              .select("g", F.xxhash64("g").alias("h")).toPandas())
+    h = dict(zip(hashes["g"], hashes["h"]))
+    return lambda name: np.random.default_rng([base, int(h[name]) % 2**64]), base
+
+
+def test_grid_index_in_spark_matches_grid_snap_bit_for_bit(spark):
+    gen = np.random.default_rng(1)
+    g = GRID.granularity
+    x = np.concatenate([gen.uniform(-1e9, 3e9, 3000), (np.arange(200) + 0.5) * g,
+                        (np.arange(200) + 0.5) * g + 1e9,
+                        np.nextafter((np.arange(50) + 0.5) * g, 0),
+                        [A, B, -0.0, g / 2, 1.5 * g, B - g / 2, np.nextafter(B, 0), 1e300, -1e300]])
+    df = spark.createDataFrame(pd.DataFrame({VALUE: x}))
+    got = df.select(grid_index_column(A, B).alias("k")).toPandas()["k"].to_numpy()
+    np.testing.assert_array_equal(got, GRID.snap(x))
+    # other bounds (negative lower, a span that is not a power of two)
+    a, b = -3.7, 11.3
+    y = np.concatenate([gen.uniform(-5, 13, 3000), [a, b, 0.0]])
+    df = spark.createDataFrame(pd.DataFrame({VALUE: y}))
+    got = df.select(grid_index_column(a, b).alias("k")).toPandas()["k"].to_numpy()
+    np.testing.assert_array_equal(got, Grid(a, b).snap(y))
+
+
+@pytest.mark.parametrize("epsilon, mechanism", [(1.0, "joint_exp"), (0.1, "joint_exp"),
+                                                (1.0, "ind_exp")])
+def test_release_equals_core_on_raw_values_with_same_seed(spark, epsilon, mechanism):
+    data = grouped_data()
+    names = [*data, "empty"]
+    core = {"joint_exp": joint_exp, "ind_exp": ind_exp}[mechanism]
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=epsilon, lower=A, upper=B,
+                       group_by="g", groups=names, mechanism=mechanism,
+                       rng=np.random.default_rng(9)).toPandas()
+    rng_of, _ = _group_rngs(spark, 9, names)
+    for name in names:
+        got = out.loc[out["g"] == name, "value"].to_numpy()
+        want = core(data.get(name, np.zeros(0)), Q, epsilon=epsilon, lower=A, upper=B,
+                    rng=rng_of(name))
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    # the comparison can fail: another group's seed gives other numbers
+    other = core(data["one_cell"], Q, epsilon=epsilon, lower=A, upper=B, rng=rng_of("tiny"))
+    assert not np.array_equal(out.loc[out["g"] == "one_cell", "value"].to_numpy(), other)
+    if epsilon == 1.0 and mechanism == "joint_exp":
+        truth = np.quantile(data["one_cell"], Q, method="inverted_cdf")
+        error = np.abs(out.loc[out["g"] == "one_cell", "value"].to_numpy() - truth)
+        assert error.max() < CELL_S / 10  # not the ~6e8 s of midpoints of empty cells
+
+
+def test_auto_release_equals_core_auto_with_same_seed(spark):
+    """mechanism="auto": the fold draws the noisy count, chooses, then runs JointExp on the
+    grid indices: the same numbers as the core's ``auto`` on the raw values."""
+    data = grouped_data()
+    names = list(data)
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       group_by="g", groups=names, rng=np.random.default_rng(5)).toPandas()
+    rng_of, _ = _group_rngs(spark, 5, names)
+    for name in names:
+        part = out[out["g"] == name]
+        want = auto(data[name], Q, epsilon=1.0, lower=A, upper=B, rng=rng_of(name))
+        assert set(part["mechanism"]) == {want.mechanism}
+        if want.mechanism == "joint_exp":
+            np.testing.assert_array_equal(part["value"].to_numpy(), np.asarray(want), err_msg=name)
+
+
+def _represented(x, mechanism="joint_exp"):
+    """The represented data of a spilled group, computed here from the raw values (epsilon 1,
+    add/remove, Q). IndExp's band: the union over quantiles of m = 1 bands at half the
+    single-quantile c = (1/3) / (2 max(q, 1 - q))."""
+    k = GRID.snap(x)
+    fine_k, fine_w = np.unique(k, return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    if mechanism == "joint_exp":
+        keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), GRID.steps)
+    else:
+        keep = np.zeros(cells.size, dtype=bool)
+        for q in Q:
+            keep |= cb.reachable(cells, counts, [q], (1 / 3) / (2 * max(q, 1 - q)) / 2, GRID.steps)
+    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
+    return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep), keep
+
+
+@pytest.mark.parametrize("mechanism", ["joint_exp", "ind_exp"])
+def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechanism):
+    """Fold budget lowered to 64 pairs: every partition spills. The release is the core's
+    JointExp on the represented data, and the outlier group has pruned cells (so the
+    represented data differs from the fine data and the spill re-read was selective)."""
+    monkeypatch.setattr(_release, "FOLD_BUDGET", 64)
+    data = grouped_data()
+    names = [*data, "empty"]
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       group_by="g", groups=names, mechanism=mechanism,
+                       rng=np.random.default_rng(11)).toPandas()
+    rng_of, _ = _group_rngs(spark, 11, names)
+    run = {"joint_exp": joint_exp_indices, "ind_exp": ind_exp_indices}[mechanism]
+    pruned_somewhere = False
+    for name in names:
+        x = data.get(name, np.zeros(0))
+        (k, w), keep = _represented(x, mechanism)
+        pruned_somewhere |= not keep.all()
+        want = GRID.value(run(k, w, GRID.size, Q, epsilon=1.0, rng=rng_of(name)))
+        np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want,
+                                      err_msg=name)
+    assert pruned_somewhere
+    truth = np.quantile(data["outliers"], Q, method="inverted_cdf")
+    assert np.abs(out.loc[out["g"] == "outliers", "value"].to_numpy() - truth).max() < 5e4
+
+
+def test_spill_path_on_partition_selection(spark, monkeypatch):
+    """Keys from the data (mapInPandas): the same fold, spilled."""
+    monkeypatch.setattr(_release, "FOLD_BUDGET", 16)
+    data = grouped_data()
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=4.0, lower=A, upper=B,
+                       group_by="g", delta=1e-6, mechanism="joint_exp",
+                       rng=np.random.default_rng(2)).toPandas()
+    assert set(out["g"]) == {"one_cell", "cell_and_day", "outliers"}  # "tiny" is below threshold
+    for name in ["one_cell", "outliers"]:
+        truth = np.quantile(data[name], Q, method="inverted_cdf")
+        assert np.abs(out.loc[out["g"] == name, "value"].to_numpy() - truth).max() < 5e4, name
+
+
+@pytest.mark.parametrize("raw_rows", [1 << 22, 0])
+def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_rows):
+    """No group_by: pass 1 (coarse counts), pass 2 (grid indices of reachable cells, collected
+    raw or counted in Spark: the same release)."""
+    from dpq_spark.spark import quantiles
+
+    monkeypatch.setattr(quantiles, "_RAW_PASS2_ROWS", raw_rows)
+    x = grouped_data()["outliers"]
+    df = spark.createDataFrame(pd.DataFrame({"x": x}))
+    out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       mechanism="joint_exp", rng=np.random.default_rng(3)).toPandas()
+    _, base = _group_rngs(spark, 3, [])
+    (k, w), keep = _represented(x)
+    assert not keep.all()
+    want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0,
+                                        rng=np.random.default_rng([base, 0])))
+    np.testing.assert_array_equal(out["value"].to_numpy(), want)
+    # a small global group keeps every cell: then it is the core on the raw values
+    small = grouped_data()["one_cell"]
+    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": small})), "x", quantiles=Q,
+                       epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng(3)).toPandas()
+    want = auto(small, Q, epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng([base, 0]))
+    assert out["mechanism"].iloc[0] == want.mechanism == "joint_exp"
+    np.testing.assert_array_equal(out["value"].to_numpy(), np.asarray(want))
+
+
+@pytest.mark.parametrize("budget", [_release.FOLD_BUDGET, 8])
+def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
+    """ApproxQuantiles (and AggTree) run on the coarse cells' fixed representative grid points
+    (a per-record map of public constants), the same whether or not the fold spilled: the
+    release is the core's approx_quantiles on those points with the same seed."""
+    from dpq_spark.core.approx_quantiles import approx_quantiles
+
+    monkeypatch.setattr(_release, "FOLD_BUDGET", budget)
+    data = grouped_data()
+    names = list(data)
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
+                       group_by="g", groups=names, mechanism="approx_quantiles",
+                       rng=np.random.default_rng(6)).toPandas()
+    rng_of, _ = _group_rngs(spark, 6, names)
+    for name in names:
+        cells, counts = np.unique(cb.coarse_of(GRID.snap(data[name])), return_counts=True)
+        want = approx_quantiles(GRID.value(cb.coarse_midpoints(cells)), Q, epsilon=1.0, lower=A,
+                                upper=B, counts=counts, rng=rng_of(name))
+        np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want)
+        assert set(out.loc[out["g"] == name, "mechanism"]) == {"approx_quantiles"}
+
+
+def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark):
+    """The ungrouped path evaluates the bounded rows twice (coarse counts, then grid indices of
+    reachable cells): both must see the same multiset. Row choice is keyed by a hash of (seed,
+    unit, key, value), not by the rows' order; a row-order-dependent choice (rand(seed), what
+    this replaced) differs between the two orders below."""
+    from dpq_spark.spark import _dataflow as flow
+
+    gen = np.random.default_rng(0)
+    pdf = pd.DataFrame({"u": gen.integers(0, 30, 3000).astype(str), "g": "a",
+                        "x": gen.normal(0, 1, 3000)})
+    rows = spark.createDataFrame(pdf).select("g", F.col("x").alias(VALUE),
+                                             F.col("u").alias(flow.UNIT))
+    shuffled = rows.orderBy(F.rand(1)).repartition(5)
+
+    def kept(frame, order_dependent=False):
+        if order_dependent:  # the old choice, for power: rows ranked by rand(seed)
+            from pyspark.sql import Window
+            w = Window.partitionBy(flow.UNIT, "g").orderBy(F.rand(7))
+            out = frame.withColumn("r", F.row_number().over(w)).where("r <= 3")
+        else:
+            out = flow.bound_contributions(frame, ("g",), 3, 1, row_seed=7, group_seed=8)
+        return sorted(map(tuple, out.select(flow.UNIT, VALUE).toPandas().to_numpy().tolist()))
+
+    assert kept(rows) == kept(shuffled)
+    assert kept(rows, True) != kept(shuffled, True)
+
+
+def test_global_many_ranges_and_range_cover(spark):
+    """20 quantiles of a spread-out sample: pass 2 filters many coarse-cell ranges (an OR
+    tree); the release is the core's JointExp on the represented data. The ranges cover every
+    kept cell and no pruned one."""
+    from dpq_spark.spark.quantiles import _ranges
+
+    gen = np.random.default_rng(12)
+    x = np.concatenate([1e9 + gen.normal(0, 2e7, 200_000), gen.uniform(0, 2e9, 50)])
+    q = [0.025 + 0.05 * i for i in range(20)]
+    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": x})), "x", quantiles=q,
+                       epsilon=1.0, lower=A, upper=B, mechanism="joint_exp",
+                       rng=np.random.default_rng(4)).toPandas()
+    _, base = _group_rngs(spark, 4, [])
+    k = GRID.snap(x)
+    fine_k, fine_w = np.unique(k, return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    keep = cb.reachable(cells, counts, q, 1.0 / (2 * 2 * (1 - 0.025)), GRID.steps)
+    ranges = _ranges(keep, cells)
+    assert not keep.all() and len(ranges) >= 10
+    inside = np.zeros(cells.size, dtype=bool)
+    for a, b in ranges:
+        inside |= (cells >= a) & (cells <= b)
+    assert np.array_equal(inside, keep)
+    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
+    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep)
+    want = GRID.value(joint_exp_indices(yk, yw, GRID.size, q, epsilon=1.0,
+                                        rng=np.random.default_rng([base, 0])))
+    np.testing.assert_array_equal(out["value"].to_numpy(), want)
+
+
+def test_too_many_public_keys_for_the_packed_code_is_refused(spark, monkeypatch):
+    """Codes are GID * 2**33 + k in an int64: more than 2**30 keys would overflow. The limit is
+    lowered here to 2 keys to show the error (it names `groups`, echoes no data)."""
+    from dpq_spark.spark import _dataflow as flow
+
+    monkeypatch.setattr(flow, "MAX_PACKED_KEYS", 2)
+    df = spark.createDataFrame(pd.DataFrame({"g": ["a", "b", "c"], "x": [1.0, 2.0, 3.0]}))
+    with pytest.raises(ValueError, match=r"`groups` must hold at most 2\*\*30 keys"):
+        dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
+                     groups=["a", "b", "c"])
+    out = dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
+                       groups=["a", "b"])  # within the (lowered) limit: released
+    assert out.count() == 2
