@@ -1,7 +1,7 @@
 """dp_quantiles gives JointExp each group's data on the core's own grid (issue 11).
 
 The equality tests replay the release with the core: the same per-group randomness
-(``default_rng([base_seed, xxhash64(key)])``, where ``base_seed`` is the third 63-bit draw from
+(``default_rng([base_seed, key_seed(key)])``, where ``base_seed`` is the third 63-bit draw from
 the caller's Generator) and the raw values. Spark's grid index equals ``Grid.snap``, so the
 core's ``joint_exp`` on the raw values must release the very same numbers. With the fold budget
 lowered, groups take the spill path: there the release must be the core's JointExp on the
@@ -23,6 +23,7 @@ from dpq_spark.core import joint_exp  # noqa: E402
 from dpq_spark.core._random import resolve_rng  # noqa: E402
 from dpq_spark.core.choose import auto  # noqa: E402
 from dpq_spark.core.grid import Grid  # noqa: E402
+from dpq_spark.spark._keys import key_seed  # noqa: E402
 from dpq_spark.core.ind_exp import ind_exp, ind_exp_indices  # noqa: E402
 from dpq_spark.core.joint_exp import joint_exp_indices  # noqa: E402
 from dpq_spark.spark import _release  # noqa: E402
@@ -63,10 +64,7 @@ def _group_rngs(spark, seed, names):
     source = resolve_rng(np.random.default_rng(seed))
     source.seed63(), source.seed63()  # row and group seeds of contribution bounding
     base = source.seed63()
-    hashes = (spark.createDataFrame([(n,) for n in names], "g string")
-              .select("g", F.xxhash64("g").alias("h")).toPandas())
-    h = dict(zip(hashes["g"], hashes["h"]))
-    return lambda name: np.random.default_rng([base, int(h[name]) % 2**64]), base
+    return lambda name: np.random.default_rng([base, key_seed((name,)) % 2**64]), base
 
 
 def test_grid_index_in_spark_matches_grid_snap_bit_for_bit(spark):
