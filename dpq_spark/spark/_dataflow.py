@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from functools import reduce
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dpq_spark.core.coarse_bands import COARSE_SHIFT
 from dpq_spark.core.grid import Grid
+from dpq_spark.spark._compat import create_dataframe
 from dpq_spark.spark._release import (
     BUCKET_BITS,
     BUCKET_CAP,
@@ -37,6 +41,8 @@ __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "boun
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
 _RAND = "__dpq_rand"
+_KEPT = "__dpq_kept"
+_COARSE = "__dpq_coarse"
 _GROUP_RANK = "__dpq_group_rank"
 _ROW_RANK = "__dpq_row_rank"
 
@@ -159,16 +165,26 @@ def coarse_counts(rows: DataFrame, lower: float, upper: float) -> DataFrame:
     return rows.groupBy(coarse.alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
-def fine_counts_in(rows: DataFrame, lower: float, upper: float, ranges,
+def fine_counts_in(rows: DataFrame, lower: float, upper: float, *, cells=None, ranges=None,
                    aggregate: bool = True) -> DataFrame:
     """Global path, pass 2: rows per grid index (``CELL``, ``COUNT``) of the rows whose coarse
-    cell lies in one of the inclusive ``ranges`` ``[(first, last), ...]`` of coarse cells; with
+    cell is one of ``cells`` (a broadcast semi join with the kept cells: one hash lookup per
+    row) or lies in one of the inclusive ``ranges`` ``[(first, last), ...]`` of coarse cells (an
+    OR tree of comparisons, for cell lists too long to send as literals); with
     ``aggregate=False`` the grid index of every such row (``CELL`` only: no shuffle, the caller
     counts)."""
     k = grid_index_column(lower, upper)
     coarse = F.shiftright(k, COARSE_SHIFT)
-    keep = _any([coarse.between(int(a), int(b)) for a, b in ranges])
-    selected = rows.select(k.alias(CELL)).where(keep)
+    if cells is not None:
+        spark = rows.sparkSession
+        kept = create_dataframe(spark, pa.table({_KEPT: pa.array(np.asarray(cells, np.int64))}),
+                                T.StructType([T.StructField(_KEPT, T.LongType(), False)]))
+        selected = (rows.select(k.alias(CELL), coarse.alias(_COARSE))
+                    .join(F.broadcast(kept), F.col(_COARSE) == F.col(_KEPT), "left_semi")
+                    .select(CELL))
+    else:
+        keep = _any([coarse.between(int(a), int(b)) for a, b in ranges])
+        selected = rows.select(k.alias(CELL)).where(keep)
     if not aggregate:
         return selected
     return selected.groupBy(CELL).agg(F.count(F.lit(1)).alias(COUNT))

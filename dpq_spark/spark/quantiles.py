@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
 _RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to this many rows
+_ISIN_CELLS = 1 << 16  # ungrouped pass 2 filters by a set of kept coarse cells up to this many
 _ACTIONS: contextvars.ContextVar = contextvars.ContextVar("dpq_spark_actions", default=None)
 
 
@@ -463,8 +464,14 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
             # (no shuffle); else count in Spark. Both give the same counts, so the mechanism's
             # input and the release's distribution do not depend on the branch.
             raw = int(counts[keep].sum()) <= _RAW_PASS2_ROWS
-            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, _ranges(keep, cells),
-                                                aggregate=not raw))
+            # The kept cells as a set lookup per row when the list is short enough to send as
+            # literals, else as ranges; the same rows either way.
+            if int(keep.sum()) <= _ISIN_CELLS:
+                where = dict(cells=cells[keep])
+            else:
+                where = dict(ranges=_ranges(keep, cells))
+            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, aggregate=not raw,
+                                                **where))
             k = fine.column(CELL).to_numpy().astype(np.int64)
             if raw:
                 k, w = np.unique(k, return_counts=True)

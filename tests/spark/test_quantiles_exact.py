@@ -256,11 +256,15 @@ def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark)
     assert kept(rows, True) != kept(shuffled, True)
 
 
-def test_global_many_ranges_and_range_cover(spark):
-    """20 quantiles of a spread-out sample: pass 2 filters many coarse-cell ranges (an OR
-    tree); the release is the core's JointExp on the represented data. The ranges cover every
-    kept cell and no pruned one."""
+@pytest.mark.parametrize("isin_cells", [1 << 16, 0])
+def test_global_many_ranges_and_range_cover(spark, monkeypatch, isin_cells):
+    """20 quantiles of a spread-out sample: pass 2 filters the kept coarse cells (a set lookup,
+    or with the limit at 0 many ranges in an OR tree); the release is the core's JointExp on the
+    represented data either way. The ranges cover every kept cell and no pruned one."""
+    from dpq_spark.spark import quantiles
     from dpq_spark.spark.quantiles import _ranges
+
+    monkeypatch.setattr(quantiles, "_ISIN_CELLS", isin_cells)
 
     gen = np.random.default_rng(12)
     x = np.concatenate([1e9 + gen.normal(0, 2e7, 200_000), gen.uniform(0, 2e9, 50)])
