@@ -224,6 +224,7 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 
 
 _COMPACT_ROWS = 1 << 20  # raw codes buffered before they are merged into counts (or spilled)
+_MERGE_CAP = 1 << 23  # ... and at most this many more when the merged codes are already many
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
 
 
@@ -251,7 +252,10 @@ class _Counter:
         """Buffer codes (one row each, or with ``counts``); True when a merge ran."""
         self._chunks.append((np.asarray(codes, dtype=np.int64), counts))
         self._buffered += len(codes)
-        if self._buffered >= _COMPACT_ROWS:
+        # Merge when the buffer holds as many entries as the merged codes (at least
+        # _COMPACT_ROWS): each merge re-sorts the accumulated codes, so waiting until the buffer
+        # matches them keeps the total sorting work O(n log n) when most rows are distinct.
+        if self._buffered >= max(_COMPACT_ROWS, min(self.codes.size, _MERGE_CAP)):
             self.compact()
             return True
         return False
