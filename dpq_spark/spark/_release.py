@@ -577,6 +577,17 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
     return out
 
 
+def _with_fold(body, batches, params: ReleaseParams):
+    """Run a partition body with a :class:`Fold` (bounds given) or none (bounds-free), and
+    delete the fold's spill file when the body ends, also when the task fails."""
+    fold = None if params.bounds_free else Fold(params.fold_budget)
+    try:
+        yield from body(batches, params, fold)
+    finally:
+        if fold is not None:
+            fold.close()
+
+
 def release_partition(batches, params: ReleaseParams):
     """``mapInArrow`` body of the public-key path: fold one partition, release each group.
 
@@ -589,12 +600,7 @@ def release_partition(batches, params: ReleaseParams):
     to within total variation 2**-59); without bounds they are counted per (group, bucket), at
     most ``BUCKETS`` per group.
     """
-    fold = None if params.bounds_free else Fold(params.fold_budget)
-    try:
-        yield from _release_partition(batches, params, fold)
-    finally:
-        if fold is not None:
-            fold.close()  # deletes the spill file, also when the task fails
+    yield from _with_fold(_release_partition, batches, params)
 
 
 def _release_partition(batches, params: ReleaseParams, fold):
@@ -669,12 +675,7 @@ def release_keyed_partition(batches, params: ReleaseParams):
     carry the key columns as the same Arrow arrays the keys came in, ``quantile``, ``value`` and
     ``MECHANISM``.
     """
-    fold = None if params.bounds_free else Fold(params.fold_budget)
-    try:
-        yield from _release_keyed(batches, params, fold)
-    finally:
-        if fold is not None:
-            fold.close()  # deletes the spill file, also when the task fails
+    yield from _with_fold(_release_keyed, batches, params)
 
 
 def _release_keyed(batches, params: ReleaseParams, fold):
