@@ -390,6 +390,19 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     names = [released.column(MECHANISM)]
     take = [pa.array(gids, type=pa.int64())]
     missing = np.setdiff1d(np.arange(key_table.num_rows), gids)
+    if missing.size and _release._batchable(params):
+        # public keys without rows, released from empty data on the driver in batches (the
+        # distribution of the per-key path below; production randomness only)
+        empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+        m = len(params.quantiles)
+        got = _release._release_batch(missing.tolist(), [0] * missing.size, [0] * missing.size,
+                                      *empty, params)
+        quantile.append(pa.array(np.tile(np.asarray(params.quantiles), missing.size),
+                                 type=pa.float64()))
+        value.append(pa.array(np.concatenate([v for _, v, _ in got]), type=pa.float64()))
+        names.append(pa.array([n for _, _, n in got for _ in range(m)], type=pa.string()))
+        take.append(pa.array(np.repeat(missing, m).astype(np.int64)))
+        missing = missing[:0]
     for gid in missing:  # public keys without rows: released from empty data on the driver
         empty = pd.DataFrame({GID: [int(gid)], CELL: [-1], COUNT: [0], KEY_HASH: [hashes[gid]]})
         out = release_group(empty, dataclasses.replace(params, keys=(GID,)))

@@ -220,3 +220,30 @@ def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
         assert not np.array_equal(batch(False), np.asarray(core))
     # (AggTree's 16**4 leaves are unions of whole coarse cells, both aligned on powers of two,
     # so coarse cells cost it nothing: the two data shapes release the same there)
+
+
+def test_unseeded_empty_public_keys_are_released_in_one_batch(spark, monkeypatch):
+    """Public keys with no rows are answered on the driver; without a seed they go through
+    release_many in one call (each from empty data: sorted points of the grid in the bounds,
+    with auto's choice recorded), and a seeded release keeps the per-key path."""
+    from dpq_spark import dp_quantiles
+
+    calls = []
+    real = _release.release_many
+    monkeypatch.setattr(_release, "release_many",
+                        lambda *a, **kw: calls.append(len(a[0])) or real(*a, **kw))
+    df = spark.createDataFrame(pd.DataFrame({"g": [0] * 50, "x": np.linspace(0.1, 0.9, 50)}))
+    keys = list(range(40))
+    out = dp_quantiles(df, "x", quantiles=[0.25, 0.75], epsilon=1.0, lower=0.0, upper=1.0,
+                       group_by="g", groups=keys).toPandas()
+    assert calls and calls[-1] == 39  # the 39 empty keys, in one driver-side call
+    assert out["g"].tolist() == [g for g in keys for _ in range(2)]
+    for _, rows in out.groupby("g"):
+        v = rows["value"].to_numpy()
+        assert v[0] <= v[1] and 0.0 <= v[0] and v[1] <= 1.0
+        assert np.array_equal(GRID.value(GRID.snap(v)), v)  # grid points
+    assert set(out["mechanism"]) <= {"joint_exp", "ind_exp", "approx_quantiles", "agg_tree"}
+    calls.clear()
+    dp_quantiles(df, "x", quantiles=[0.25, 0.75], epsilon=1.0, lower=0.0, upper=1.0,
+                 group_by="g", groups=keys, rng=np.random.default_rng(0)).collect()
+    assert calls == []  # seeded: per-key path everywhere
