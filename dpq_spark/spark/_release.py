@@ -35,7 +35,7 @@ from dpq_spark.core.privacy import (
 )
 from dpq_spark.spark._mechanisms import get_mechanism
 
-__all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams", "cell_values",
+__all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams",
            "release_group", "release_counts", "release_values", "release_partition", "CODE", "GID",
            "BUCKET_BITS", "BUCKET_EMIN", "BUCKET_EMAX", "BUCKET_FLOOR", "BUCKET_CAP",
            "BUCKET_OFFSET", "BUCKETS", "bucket_index", "bucket_values", "release_keyed_partition"]
@@ -128,16 +128,6 @@ class ReleaseParams:
         return self.lower is None
 
 
-def cell_values(cells: np.ndarray, params: ReleaseParams) -> np.ndarray:
-    """Midpoints of grid cells ``0 .. resolution - 1`` over ``[lower, upper]``, or the
-    representative values of log-scale buckets on the bounds-free path."""
-    if params.bounds_free:
-        return bucket_values(cells)
-    width = (params.upper - params.lower) / params.resolution
-    values = params.lower + (np.asarray(cells, dtype=np.float64) + 0.5) * width
-    return np.clip(values, params.lower, params.upper)
-
-
 def _group_rng(params: ReleaseParams, key_hash) -> np.random.Generator:
     if params.base_seed is None:
         return resolve_rng(None)
@@ -209,7 +199,7 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
     # bounds-free: the registry entry buys private bounds first (bounds_share of epsilon)
     extra = {"bounds_share": params.bounds_share} if params.bounds_share is not None else {}
     out = mechanism(
-        cell_values(cells, params),
+        bucket_values(cells),
         np.asarray(params.quantiles, dtype=np.float64),
         epsilon=params.epsilon,
         lower=params.lower,
@@ -578,14 +568,23 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
 
 
 def _with_fold(body, batches, params: ReleaseParams):
-    """Run a partition body with a :class:`Fold` (bounds given) or none (bounds-free), and
-    delete the fold's spill file when the body ends, also when the task fails."""
-    fold = None if params.bounds_free else Fold(params.fold_budget)
+    """Run a partition body with its sink: a :class:`Fold` with bounds (its spill file deleted
+    when the body ends, also when the task fails), else a :class:`_Counter` of (group, bucket)
+    codes."""
+    sink = _Counter() if params.bounds_free else Fold(params.fold_budget)
     try:
-        yield from body(batches, params, fold)
+        yield from body(batches, params, sink)
     finally:
-        if fold is not None:
-            fold.close()
+        if isinstance(sink, Fold):
+            sink.close()
+
+
+def _release_sink(sink, params: ReleaseParams, units_of, hash_of):
+    """Release every group a finished partition put in ``sink``: ``[(gid, values, name)]``."""
+    if isinstance(sink, Fold):
+        sink.finish()
+        return _release_fold(sink, params, units_of, hash_of)
+    return _release_buckets(sink, params, units_of, hash_of)
 
 
 def release_partition(batches, params: ReleaseParams):
@@ -603,9 +602,7 @@ def release_partition(batches, params: ReleaseParams):
     yield from _with_fold(_release_partition, batches, params)
 
 
-def _release_partition(batches, params: ReleaseParams, fold):
-    span = (1 << Fold.SHIFT) if fold is not None else params.resolution
-    sink = fold if fold is not None else _Counter()
+def _release_partition(batches, params: ReleaseParams, sink):
     for batch in batches:
         if len(batch) == 0:
             continue
@@ -621,11 +618,7 @@ def _release_partition(batches, params: ReleaseParams, fold):
     def units_of(gid):
         return None
 
-    if fold is not None:
-        fold.finish()
-        released = _release_fold(fold, params, units_of, hash_of)
-    else:
-        released = _release_buckets(sink, span, params, units_of, hash_of)
+    released = _release_sink(sink, params, units_of, hash_of)
     m = len(params.quantiles)
     q = np.asarray(params.quantiles, dtype=np.float64)
     for lo in range(0, len(released), _OUTPUT_GROUPS):
@@ -637,8 +630,9 @@ def _release_partition(batches, params: ReleaseParams, fold):
                                                             dtype=object), m)})
 
 
-def _release_buckets(counter: _Counter, span: int, params: ReleaseParams, units_of, hash_of):
+def _release_buckets(counter: _Counter, params: ReleaseParams, units_of, hash_of):
     """Bounds-free path: release each group from its (bucket, count) pairs."""
+    span = params.resolution
     counter.compact()
     codes, counts = counter.codes, counter.counts
     group_of = codes // span
@@ -678,12 +672,11 @@ def release_keyed_partition(batches, params: ReleaseParams):
     yield from _with_fold(_release_keyed, batches, params)
 
 
-def _release_keyed(batches, params: ReleaseParams, fold):
+def _release_keyed(batches, params: ReleaseParams, sink):
     from dpq_spark.spark._keys import KeyIndex, key_seed
 
     index = KeyIndex(params.keys)
-    span = (1 << Fold.SHIFT) if fold is not None else params.resolution
-    sink = fold if fold is not None else _Counter()
+    span = (1 << Fold.SHIFT) if isinstance(sink, Fold) else params.resolution  # gid * span + index
     with_units = UNITS in params.extra_columns
     units = np.zeros(0, dtype=np.int64)
     for batch in batches:
@@ -703,11 +696,7 @@ def _release_keyed(batches, params: ReleaseParams, fold):
     else:
         def hash_of(gid):
             return 0
-    if fold is not None:
-        fold.finish()
-        released = _release_fold(fold, params, units_of, hash_of)
-    else:
-        released = _release_buckets(sink, span, params, units_of, hash_of)
+    released = _release_sink(sink, params, units_of, hash_of)
     if not released:
         return
     keys = index.table()

@@ -75,11 +75,6 @@ def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budge
         fold.close()
 
 
-def test_cell_values_are_midpoints_inside_bounds():
-    p = _params(lower=-1.0, upper=1.0, resolution=4)
-    assert _release.cell_values(np.arange(4), p).tolist() == [-0.75, -0.25, 0.25, 0.75]
-
-
 def dlap_tail(k, scale):
     """Exact ``P(Y >= k)`` for the discrete Laplace of ``scale`` and an integer ``k >= 1``."""
     q = math.exp(-1.0 / float(scale))
