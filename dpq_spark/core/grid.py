@@ -229,28 +229,10 @@ def draw_index(log_w: np.ndarray, source) -> int:
     mant, expo = np.frexp(w)
     level = np.where(w > 0.0, 1 - expo, _LEVELS)
     per_level = np.bincount(level, minlength=_LEVELS + 1)[:_LEVELS]
-    used = np.flatnonzero(per_level)
-    deepest = int(used[-1])
-    # Level L carries count_L * 2**(deepest - L) units of 2**-deepest.
-    units = [int(per_level[L]) << (deepest - int(L)) for L in used]
-    total = sum(units)
-    mant_int = None
-    while True:
-        u = source.below(total)
-        for L, size in zip(used, units):
-            if u < size:
-                break
-            u -= size
-        members = np.flatnonzero(level == L)
-        r = int(members[source.below(members.size)])
-        if mant_int is None:
-            mant_int = {}
-        f = mant_int.get(r)
-        if f is None:
-            f = int(mant[r] * 2.0**53)  # exact: a 53-bit mantissa
-            mant_int[r] = f
-        if source.below(2**53) < f:
-            return r
+    used = np.flatnonzero(per_level).tolist()
+    return _draw_by_levels(used, per_level[used].tolist(),
+                           lambda L: np.flatnonzero(level == L),
+                           lambda r: int(mant[r] * 2.0**53), source)
 
 
 def _draw_small(w: list, source) -> int:
@@ -261,8 +243,18 @@ def _draw_small(w: list, source) -> int:
         if x > 0.0:
             levels.setdefault(1 - math.frexp(x)[1], []).append(r)
     used = sorted(levels)
+    return _draw_by_levels(used, [len(levels[L]) for L in used], levels.__getitem__,
+                           lambda r: int(math.frexp(w[r])[0] * 2.0**53), source)
+
+
+def _draw_by_levels(used: list, sizes: list, members_of, mantissa_of, source) -> int:
+    """The rejection loop of :func:`draw_index`: ``used`` levels L (increasing) holding ``sizes``
+    weights each; ``members_of(L)`` their indices (increasing), ``mantissa_of(r)`` the 53-bit
+    integer mantissa of weight r. Level L carries ``size_L * 2**(deepest - L)`` units of
+    ``2**-deepest``; a uniform unit picks the level, a uniform member the index, and a 53-bit
+    comparison accepts it with probability ``f_r``."""
     deepest = used[-1]
-    units = [len(levels[L]) << (deepest - L) for L in used]
+    units = [size << (deepest - L) for L, size in zip(used, sizes)]
     total = sum(units)
     while True:
         u = source.below(total)
@@ -270,9 +262,9 @@ def _draw_small(w: list, source) -> int:
             if u < size:
                 break
             u -= size
-        members = levels[L]
-        r = members[source.below(len(members))]
-        if source.below(2**53) < int(math.frexp(w[r])[0] * 2.0**53):
+        members = members_of(L)
+        r = int(members[source.below(len(members))])
+        if source.below(2**53) < mantissa_of(r):
             return r
 
 

@@ -211,3 +211,42 @@ def test_a_forked_child_never_replays_the_parents_buffer():
     child = os.read(read_end, 64)
     parent = src.bytes(32) + src.bits(256).to_bytes(32, "little")
     assert child[:32] != parent[:32] and child[32:] != parent[32:]
+
+
+# --------------------------------------------------------------------------------------------
+# draw_index: exact draws from float64 weights, by its short-list and general paths
+
+
+@pytest.mark.parametrize("small", [64, 0])  # 0: the general (numpy) path even for short lists
+def test_draw_index_is_exactly_proportional_to_the_weights(monkeypatch, small):
+    from dpq_spark.core import grid
+
+    monkeypatch.setattr(grid, "_SMALL", small)
+    log_w = np.log([0.9, 0.55, 0.3, 0.26, 0.05, 0.013, 0.6, 1e-9])
+    w = np.exp(log_w - log_w.max())
+    source = resolve_rng(np.random.default_rng(31))
+    runs = 40_000
+    hits = np.bincount([grid.draw_index(log_w, source) for _ in range(runs)], minlength=w.size)
+    keep = w / w.sum() * runs >= 5
+    expected = w[keep] / w[keep].sum() * hits[keep].sum()
+    assert stats.chisquare(hits[keep], expected).pvalue > 1e-4
+    # power: without the mantissa acceptance the draw follows the levels only (2**-L per weight)
+    levels = 2.0 ** np.floor(np.log2(w))
+    wrong = levels[keep] / levels[keep].sum() * hits[keep].sum()
+    assert stats.chisquare(hits[keep], wrong).pvalue < 1e-6
+
+
+def test_draw_index_short_list_path_makes_the_general_paths_draws():
+    from dpq_spark.core import grid
+
+    gen = np.random.default_rng(2)
+    for case in range(300):
+        log_w = gen.normal(0, float(gen.choice([1.0, 30.0, 800.0])), int(gen.integers(2, 65)))
+        draws = []
+        for small in (64, 0):
+            grid._SMALL, source = small, resolve_rng(np.random.default_rng(case))
+            try:
+                draws.append([grid.draw_index(log_w, source) for _ in range(4)])
+            finally:
+                grid._SMALL = 64
+        assert draws[0] == draws[1], case
