@@ -7,7 +7,8 @@ from dpq_spark.core.bounds import PrivateBounds, private_bounds
 from dpq_spark.core.choose import QuantileRelease, choose_mechanism
 from dpq_spark.core.median_mechanism import AnswerKind, MedianAnswer, MedianMechanism
 from dpq_spark.core.mechanisms import (
-    MECHANISMS, agg_tree, app_ind_exp, approx_quantiles, auto, csmooth, ind_exp, joint_exp, smooth,
+    MECHANISMS, agg_tree, app_ind_exp, approx_quantiles, auto, csmooth, histogram, ind_exp, joint_exp,
+    smooth,
 )
 from dpq_spark.core.planner import Plan, plan_median_session
 from dpq_spark.core.privacy import NeighboringRelation
@@ -27,6 +28,7 @@ __all__ = [
     "smooth",
     "csmooth",
     "agg_tree",
+    "histogram",
     "approx_quantiles",
     "MedianMechanism",
     "MedianAnswer",

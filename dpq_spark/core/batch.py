@@ -2,8 +2,9 @@
 
 :func:`release_many` releases every group with exactly the distribution of calling the group's
 mechanism on that group alone (:func:`dpq_spark.core.auto`, :func:`~dpq_spark.core.joint_exp`,
-:func:`~dpq_spark.core.ind_exp`, :func:`~dpq_spark.core.approx_quantiles` or
-:func:`~dpq_spark.core.agg_tree`, with given bounds and the default granularity), all draws
+:func:`~dpq_spark.core.ind_exp`, :func:`~dpq_spark.core.approx_quantiles`,
+:func:`~dpq_spark.core.agg_tree` or :func:`~dpq_spark.core.histogram`, with given bounds and the
+default granularity), all draws
 independent. What it saves is work that does not change a distribution:
 
 - *Public arguments once.* ``epsilon``, ``quantiles``, the bounds (and the public
@@ -15,7 +16,7 @@ independent. What it saves is work that does not change a distribution:
   independent whatever their order, so the groups stay independent.
 - *Auto's noisy counts in one draw* (one discrete Laplace array for all groups), then the public
   rule (:func:`~dpq_spark.core.choose.choose_mechanism`) once per distinct noisy count.
-- *AggTree's noise in bulk*: every group's node counts get their noise from one exact table
+- *AggTree's noise in bulk* (the histogram is AggTree with one level): every group's node counts get their noise from one exact table
   sampler (:mod:`dpq_spark.core._dlap_table`, 16 random bits a draw), the bottom-up pass of the
   Honaker aggregation runs on all groups of a chunk at once, and its top-down pass and the
   descent run for all groups and quantiles together on the visited nodes' children only (the
@@ -79,7 +80,7 @@ from dpq_spark.core._samplers import dlap_scale
 from dpq_spark.core._sorted_data import sort_data
 from dpq_spark.core.coarse_bands import coarse_midpoints, coarse_of
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
-from dpq_spark.core.agg_tree import _MAX_LEAVES
+from dpq_spark.core.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS
 from dpq_spark.core.approx_quantiles import _sample_indices as _approx_sample
 from dpq_spark.core.approx_quantiles import _sensitivity as _approx_sensitivity
 from dpq_spark.core.approx_quantiles import recursion_depth
@@ -94,8 +95,8 @@ from dpq_spark.core.single_quantile import GridCells
 __all__ = ["release_many", "BatchRelease", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
 
 #: The mechanisms :func:`release_many` runs (``"auto"`` picks among the other four).
-BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree")
-_COARSE_MECHANISMS = ("approx_quantiles", "agg_tree")  # coarse_cells=True: fed coarse cells
+BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram")
+_COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", "histogram")  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
 ENUMERATE_MAX = 4096
@@ -138,7 +139,7 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         Public, finite bounds with ``lower < upper``; releases lie on the default grid
         ``Grid(lower, upper)`` (2**32 steps), as in the per-group core mechanisms.
     neighboring : {"add_remove", "swap"} or NeighboringRelation
-    mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree"}
+    mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram"}
         ``"auto"`` (default) is :func:`dpq_spark.core.auto` per group: under add/remove a noisy
         count with ``count_share * epsilon``, then the public rule.
     rng : numpy.random.Generator, RandomSource or None
@@ -148,7 +149,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     count_share : float
         Share of epsilon for auto's noisy count (add/remove only), in (0, 1), default 0.05.
     branching, height : int
-        AggTree's tree (defaults 16 and 4, as :func:`~dpq_spark.core.agg_tree`).
+        AggTree's tree (defaults 16 and 4, as :func:`~dpq_spark.core.agg_tree`). The
+        histogram always has its default 16 bins.
     grid_indices : bool
         ``True``: every group's first array holds integer indices ``0..N`` of
         ``Grid(lower, upper)`` (e.g. computed by Spark) instead of values. The grid mechanisms
@@ -235,9 +237,10 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     for name, members in by_name.items():
         members = np.asarray(members, dtype=np.int64)
         coarse = coarse_x is not None and name in _COARSE_MECHANISMS
-        if name == "agg_tree":
+        if name in ("agg_tree", "histogram"):  # the histogram is a one-level tree
+            shape = (b, h) if name == "agg_tree" else (HISTOGRAM_BINS, 1)
             values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,
-                                         mech_eps, grid, relation, b, h, source)
+                                         mech_eps, grid, relation, *shape, source)
             continue
         for g in members:
             lo, hi = int(bounds[g]), int(bounds[g + 1])

@@ -14,13 +14,14 @@ name                  guarantee                    neighbouring        extra key
 ``smooth``            ``(epsilon, delta)``-DP      add_remove, swap    ``delta=1e-6``
 ``csmooth``           ``epsilon**2/2``-zCDP        add_remove, swap    ``t=None``
 ``agg_tree``          pure ``epsilon``-DP          add_remove, swap    ``branching=16, height=4``
+``histogram``         pure ``epsilon``-DP          add_remove, swap    ``bins=16``
 ``approx_quantiles``  pure ``epsilon``-DP          add_remove, swap    (none)
 ``auto``              pure ``epsilon``-DP          add_remove, swap    ``n_hint``, ``count_share``
 ====================  ===========================  ==================  =========================
 
-``auto`` (:mod:`dpq_spark.core.choose`) picks one of the four pure mechanisms from ``m``, ``n``
+``auto`` (:mod:`dpq_spark.core.choose`) picks one of the five pure mechanisms from ``m``, ``n``
 and ``epsilon`` and returns a :class:`~dpq_spark.core.choose.QuantileRelease` whose
-``.mechanism`` names it. In the four pure entries and ``auto``, ``lower`` and ``upper`` are
+``.mechanism`` names it. In the five pure entries and ``auto``, ``lower`` and ``upper`` are
 optional: a missing bound is released privately first with ``bounds_share`` of epsilon (default
 0.2; :mod:`dpq_spark.core.bounds`), and the result is then a ``QuantileRelease`` carrying the
 bounds used.
@@ -44,6 +45,7 @@ from __future__ import annotations
 from typing import Callable
 
 from dpq_spark.core.agg_tree import agg_tree as _base_agg_tree
+from dpq_spark.core.agg_tree import histogram as _base_histogram
 from dpq_spark.core.approx_quantiles import approx_quantiles as _base_approx_quantiles
 from dpq_spark.core.ind_exp import ind_exp as _base_ind_exp
 from dpq_spark.core.joint_exp import joint_exp as _base_joint_exp
@@ -53,13 +55,14 @@ from dpq_spark.core.ind_exp import app_ind_exp
 from dpq_spark.core.smooth import csmooth, smooth
 
 __all__ = ["MECHANISMS", "GUARANTEES", "FLOAT_SAFE", "get_mechanism", "get_base_mechanism", "auto",
-           "joint_exp", "ind_exp", "agg_tree", "approx_quantiles"]
+           "joint_exp", "ind_exp", "agg_tree", "histogram", "approx_quantiles"]
 
 # The pure mechanisms as their modules define them (``lower``/``upper`` required) ...
 _BASE: dict[str, Callable] = {
     "joint_exp": _base_joint_exp,
     "ind_exp": _base_ind_exp,
     "agg_tree": _base_agg_tree,
+    "histogram": _base_histogram,
     "approx_quantiles": _base_approx_quantiles,
 }
 # ... and as the package offers them: ``lower``/``upper`` optional, a missing bound released
@@ -68,6 +71,7 @@ _BASE: dict[str, Callable] = {
 joint_exp = with_private_bounds(_BASE["joint_exp"])
 ind_exp = with_private_bounds(_BASE["ind_exp"])
 agg_tree = with_private_bounds(_BASE["agg_tree"])
+histogram = with_private_bounds(_BASE["histogram"])
 approx_quantiles = with_private_bounds(_BASE["approx_quantiles"])
 
 MECHANISMS: dict[str, Callable] = {
@@ -78,6 +82,7 @@ MECHANISMS: dict[str, Callable] = {
     "smooth": smooth,
     "csmooth": csmooth,
     "agg_tree": agg_tree,
+    "histogram": histogram,
     "approx_quantiles": approx_quantiles,
 }
 
@@ -89,12 +94,14 @@ GUARANTEES: dict[str, str] = {
     "smooth": "approx",
     "csmooth": "zcdp",
     "agg_tree": "pure",
+    "histogram": "pure",
     "approx_quantiles": "pure",
 }
 
 #: True when every released number is a fixed function of exactly sampled integers (no float
 #: noise or float uniform decides an output): the grid mechanisms release grid points drawn
-#: exactly (joint_exp.py, single_quantile.py, grid.py), AggTree adds exact discrete Laplace.
+#: exactly (joint_exp.py, single_quantile.py, grid.py), AggTree and the histogram add exact
+#: discrete Laplace.
 FLOAT_SAFE: dict[str, bool] = {
     "auto": True,  # every mechanism it may pick is float-safe
     "joint_exp": True,
@@ -103,6 +110,7 @@ FLOAT_SAFE: dict[str, bool] = {
     "smooth": False,
     "csmooth": False,
     "agg_tree": True,
+    "histogram": True,
     "approx_quantiles": True,
 }
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpq_spark.core.agg_tree import agg_tree, honaker_aggregate
+from dpq_spark.core.agg_tree import agg_tree, histogram, honaker_aggregate
 from dpq_spark.core.approx_quantiles import approx_quantiles, recursion_depth
 from dpq_spark.core.ind_exp import app_ind_exp, ind_exp
 from dpq_spark.core.mechanisms import GUARANTEES, MECHANISMS, get_mechanism
 from dpq_spark.core.smooth import csmooth, csmooth_parameters, smooth
 
-BASELINES = ["ind_exp", "app_ind_exp", "smooth", "csmooth", "agg_tree", "approx_quantiles"]
+BASELINES = ["ind_exp", "app_ind_exp", "smooth", "csmooth", "agg_tree", "histogram", "approx_quantiles"]
 LO, HI = -10.0, 10.0
 
 
@@ -124,6 +124,27 @@ def test_agg_tree_branching():
 def test_agg_tree_height():
     with pytest.raises(ValueError, match=r"`height` must be >= 1, got 0"):
         _call("agg_tree", [1.0], height=0)
+
+
+def test_histogram_bins():
+    with pytest.raises(ValueError, match=r"`bins` must be >= 2, got 1"):
+        _call("histogram", [1.0], bins=1)
+    with pytest.raises(ValueError, match=r"`bins` must be <= 2\*\*24"):
+        _call("histogram", [1.0], bins=2**24 + 1)
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+def test_histogram_is_agg_tree_with_one_level(relation):
+    # the same noise, the same post-processing: equal outputs for equal seeds; a two-level tree
+    # with the same 16 leaves (more noise per count) gives other outputs
+    x = np.random.default_rng(3).normal(0.0, 2.0, 40)
+    for seed in range(20):
+        kw = dict(epsilon=0.7, lower=LO, upper=HI, neighboring=relation)
+        got = histogram(x, [0.2, 0.5, 0.8], rng=np.random.default_rng(seed), bins=16, **kw)
+        same = agg_tree(x, [0.2, 0.5, 0.8], rng=np.random.default_rng(seed), branching=16, height=1, **kw)
+        other = agg_tree(x, [0.2, 0.5, 0.8], rng=np.random.default_rng(seed), branching=4, height=2, **kw)
+        np.testing.assert_array_equal(got, same)
+        assert not np.array_equal(got, other)
 
 
 def test_agg_tree_leaf_cap():

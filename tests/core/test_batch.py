@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency, chisquare, kstest
 
-from dpq_spark.core import agg_tree, approx_quantiles, ind_exp, joint_exp
+from dpq_spark.core import agg_tree, approx_quantiles, histogram, ind_exp, joint_exp
 from dpq_spark.core._dlap_table import DLapTable, _floor_scaled
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import dlap_scale
@@ -373,6 +373,29 @@ def test_agg_tree_comparison_has_power():
     assert min(_binned_pvalues(batch, _core_agg_tree("three", "add_remove"))) < ALPHA / 3
 
 
+@functools.lru_cache(maxsize=None)
+def _core_histogram(name, relation, epsilon=2.0, draws=1500):
+    values, counts = GROUPS[name]
+    rng = np.random.default_rng(29)
+    return np.array([histogram(values, Q3, epsilon=epsilon, lower=LOWER, upper=UPPER,
+                               neighboring=relation, counts=counts, rng=rng) for _ in range(draws)])
+
+
+@pytest.mark.parametrize("name, relation", [("tie", "swap"), ("three", "add_remove")])
+def test_histogram_matches_the_core(name, relation):
+    batch, names = _batch(GROUPS[name], 1500, mechanism="histogram", epsilon=2.0, relation=relation)
+    assert set(names) == {"histogram"}
+    assert min(_binned_pvalues(batch, _core_histogram(name, relation))) > ALPHA / 3
+
+
+def test_histogram_comparison_has_power():
+    # the batch at 1.3 epsilon, or cut into AggTree's default 16 x 4 leaves instead of 16 bins
+    batch, _ = _batch(GROUPS["three"], 1500, mechanism="histogram", epsilon=2.0 * 1.3)
+    assert min(_binned_pvalues(batch, _core_histogram("three", "add_remove"))) < ALPHA / 3
+    deep, _ = _batch(GROUPS["three"], 1500, mechanism="agg_tree", epsilon=2.0)
+    assert min(_binned_pvalues(deep, _core_histogram("three", "add_remove"))) < ALPHA / 3
+
+
 # ------------------------------------------------------------------------------------------
 # auto
 
@@ -426,14 +449,16 @@ def test_auto_under_swap_uses_the_true_count_and_the_whole_epsilon():
 
 
 def test_auto_joint_exp_groups_have_the_joint_exp_law_at_the_remaining_epsilon():
-    """Conditioned on auto picking JointExp (m = 2 always does), the outputs follow JointExp at
-    (1 - count_share) epsilon."""
+    """Conditioned on auto picking JointExp (m = 2 does unless the noisy n times epsilon is
+    below 25, when it picks the histogram), the outputs follow JointExp at (1 - count_share)
+    epsilon: the choice reads only the count's noise, independent of the JointExp draw."""
     values, counts = GROUPS["tie"]
     q2 = np.array([0.3, 0.7])
-    out, names = _batch((values, counts), 3000, mechanism="auto", epsilon=4.0, quantiles=q2)
-    assert set(names) == {"joint_exp"}
-    law = _exact_law(values, counts, q2, 0.95 * 4.0, "add_remove")
-    assert _law_pvalue(out, values, counts, law) > ALPHA
+    out, names = _batch((values, counts), 6000, mechanism="auto", epsilon=8.0, quantiles=q2)
+    picked = np.array(names) == "joint_exp"
+    assert set(names) == {"joint_exp", "histogram"} and picked.sum() > 1500
+    law = _exact_law(values, counts, q2, 0.95 * 8.0, "add_remove")
+    assert _law_pvalue(out[picked], values, counts, law) > ALPHA
 
 
 def test_release_many_mixes_mechanisms_in_one_batch():

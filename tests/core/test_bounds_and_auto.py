@@ -186,7 +186,7 @@ def _auto_names(n_rows, epsilon, runs, seed):
     # 5 quantiles of n_rows points; under add/remove the choice reads a noisy count only
     x = np.linspace(1.0, 9.0, n_rows)
     rng = np.random.default_rng(seed)
-    names = ("agg_tree", "approx_quantiles", "joint_exp")
+    names = ("histogram", "agg_tree", "approx_quantiles", "joint_exp")
     hits = np.zeros(len(names), dtype=np.int64)
     for _ in range(runs):
         r = auto(x, [0.1, 0.3, 0.5, 0.7, 0.9], epsilon=epsilon, lower=0.0, upper=10.0,
@@ -197,22 +197,21 @@ def _auto_names(n_rows, epsilon, runs, seed):
 
 def test_auto_choice_costs_only_the_count_share_and_catches_double_spending():
     # The released mechanism name is a function of the noisy count alone, so between neighbours
-    # (8 rows, and one row added) its log-ratio must stay within count_share * epsilon. With
-    # count_share = 0.5 at epsilon = 2 (1 for the count), the choice switches from
-    # approx_quantiles to joint_exp at a noisy count of 8 (choose_mechanism(5, n=8, epsilon=1)),
-    # in the geometric tail of both neighbours' noise, where the ratio is exactly e^1: the bound
-    # is tight. An auto that spends epsilon twice (run at 2 epsilon: count noise for 2) shows
-    # e^2 at its own switch (noisy count 4 with epsilon 2 left for the quantiles) and must fail
-    # the same check.
-    assert choose_mechanism(5, n=8, epsilon=1.0) == "joint_exp"
-    assert choose_mechanism(5, n=7, epsilon=1.0) == "approx_quantiles"
-    assert choose_mechanism(5, n=4, epsilon=2.0) == "joint_exp"
-    assert choose_mechanism(5, n=3, epsilon=2.0) == "approx_quantiles"
+    # (25 rows, and one row added) its log-ratio must stay within count_share * epsilon. With
+    # count_share = 0.5 at epsilon = 2 (1 for the count), the choice switches from the
+    # histogram to joint_exp at a noisy count of 25 (n * epsilon reaches 25), in the geometric
+    # tail of both neighbours' noise, where the ratio is exactly e^1: the bound is tight. An
+    # auto that spends epsilon twice (run at 2 epsilon: count noise for 2) shows e^2 at its own
+    # switch (noisy count 13 with epsilon 2 left for the quantiles) and must fail the same check.
+    assert choose_mechanism(5, n=25, epsilon=1.0) == "joint_exp"
+    assert choose_mechanism(5, n=24, epsilon=1.0) == "histogram"
+    assert choose_mechanism(5, n=13, epsilon=2.0) == "joint_exp"
+    assert choose_mechanism(5, n=12, epsilon=2.0) == "histogram"
     runs = 4000
     share_eps = 0.5 * 2.0
-    a = _auto_names(8, 2.0, runs, 21)
-    b = _auto_names(9, 2.0, runs, 22)
+    a = _auto_names(25, 2.0, runs, 21)
+    b = _auto_names(26, 2.0, runs, 22)
     assert _max_log_ratio_lower_bound(a, b, runs) <= share_eps
-    a2 = _auto_names(4, 4.0, runs, 23)
-    b2 = _auto_names(5, 4.0, runs, 24)
+    a2 = _auto_names(13, 4.0, runs, 23)
+    b2 = _auto_names(14, 4.0, runs, 24)
     assert _max_log_ratio_lower_bound(a2, b2, runs) > share_eps

@@ -47,7 +47,8 @@ def test_auto_records_the_rule_per_group(normal, m, expected):
     assert names["a"] == names["b"] == [expected]
     # an empty public group is answered too; its noisy count (scale 20) decides for m > 1
     assert len(names["empty"]) == 1
-    assert names["empty"][0] in ({"ind_exp"} if m == 1 else {"joint_exp", "approx_quantiles", "agg_tree"})
+    assert names["empty"][0] in ({"ind_exp"} if m == 1 else
+                                 {"joint_exp", "approx_quantiles", "agg_tree", "histogram"})
     assert out.count() == 3 * m
 
 
@@ -59,6 +60,22 @@ def test_auto_choice_does_not_depend_on_values(normal, skewed):
         one = _names(dp_quantiles(normal, "x", lower=-50, upper=50, **kwargs))
         two = _names(dp_quantiles(skewed, "x", lower=0, upper=1e6, **kwargs))
         assert one == two
+
+
+def test_auto_gives_tiny_groups_the_histogram(spark):
+    """Groups of 3 rows at epsilon = 1: the noisy count (scale 20) is below 25 / 0.95 rows in
+    most draws, and those groups are released by the 16-bin histogram on every path (batched
+    with production randomness, one call per group with a seed)."""
+    gen = np.random.default_rng(8)
+    keys = list(range(400))
+    pdf = pd.DataFrame({"g": np.repeat(keys, 3), "x": gen.normal(0.0, 5.0, 3 * len(keys))})
+    df = spark.createDataFrame(pdf)
+    for rng in (None, np.random.default_rng(3)):
+        out = dp_quantiles(df, "x", quantiles=[0.25, 0.5, 0.75], epsilon=1.0, lower=-50,
+                           upper=50, group_by="g", groups=keys, rng=rng).toPandas()
+        share = (out.groupby("g")["mechanism"].first() == "histogram").mean()
+        # P(noisy count < 26.3 | n = 3) = 1 - P(DLap(20) >= 24) ~ 0.85
+        assert 0.75 < share < 0.95
 
 
 def test_explicit_mechanism_is_recorded(normal):
