@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
@@ -140,6 +141,10 @@ def _check_groups(groups, keys: tuple[str, ...], fields: dict):
             f"`groups` must be a list of keys or a DataFrame of keys, got {type(groups).__name__}"
         )
     types = [fields[k].dataType for k in keys]
+    if len(keys) == 1:
+        table = _plain_keys(groups, keys[0], types[0])
+        if table is not None:
+            return table
     columns: list[list] = [[] for _ in keys]
     seen = set()
     for key in groups:
@@ -168,6 +173,36 @@ def _check_groups(groups, keys: tuple[str, ...], fields: dict):
             raise ValueError(f"`groups` values for `group_by` column {name!r} do not fit its "
                              f"type {dtype.simpleString()}") from None
     return pa.table(dict(zip(keys, arrays)))
+
+
+def _plain_keys(groups, name: str, dtype):
+    """:func:`_check_groups` for the common case, without a Python step per key: one key
+    column, integral with every key a plain ``int`` or string with every key a ``str``. Returns
+    the table of distinct keys (first occurrence kept, in order) or None when the case does not
+    apply (the general path then checks, and names, whatever is wrong)."""
+    if not isinstance(groups, (list, tuple, range)) or not groups:
+        return None  # (an iterator is read once, by the general path; it names an empty list)
+    if isinstance(dtype, T.StringType):
+        if getattr(dtype, "collation", "UTF8_BINARY") != "UTF8_BINARY":
+            return None
+        plain, arrow = str, pa.string()
+    elif isinstance(dtype, T.IntegralType):
+        plain, arrow = int, arrow_type(dtype)
+    else:
+        return None
+    if not all(type(v) is plain for v in groups):
+        return None
+    if plain is int:
+        values = np.asarray(groups)
+        if values.dtype.kind != "i":  # beyond int64: the general path names the column
+            return None
+        bits = _INTEGRAL_BITS[type(dtype)]
+        if values.min() < -(1 << (bits - 1)) or values.max() >= (1 << (bits - 1)):
+            return None
+        column = pa.array(values, type=arrow)
+    else:
+        column = pa.array(groups, type=arrow)
+    return pa.table({name: pc.unique(column)})
 
 
 _KEY_TYPES = (  # Spark type -> the Python types a listed key of it may have (checked in order)

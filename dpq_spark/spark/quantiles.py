@@ -389,7 +389,9 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     value = [released.column("value")]
     names = [released.column(MECHANISM)]
     take = [pa.array(gids, type=pa.int64())]
-    missing = np.setdiff1d(np.arange(key_table.num_rows), gids)
+    present = np.zeros(key_table.num_rows, dtype=bool)
+    present[gids] = True
+    missing = np.flatnonzero(~present)
     if missing.size and _release._batchable(params):
         # public keys without rows, released from empty data on the driver in batches (the
         # distribution of the per-key path below; production randomness only)

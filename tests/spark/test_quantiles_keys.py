@@ -480,3 +480,31 @@ def test_date_timestamp_decimal_binary_and_bool_keys_on_both_paths(spark):
         assert set(got) == set(expected), kw
         for key, median in expected.items():
             assert abs(got[key] - median) < TOL, (kw, key)
+
+
+@pytest.mark.parametrize("dtype, keys", [
+    (T.LongType(), [5, -3, 5, 2**62, 0, -3, -(2**63)]),
+    (T.IntegerType(), [7, 1, 7, -(2**31), 2**31 - 1]),
+    (T.ByteType(), [3, -128, 127, 3]),
+    (T.StringType(), ["b", "a", "b", "", "é", "a"]),
+])
+def test_plain_listed_keys_take_the_vectorised_path_with_the_general_result(dtype, keys):
+    """A list of plain ints (integral column) or strs (string column) is checked without a
+    Python step per key; the table is the general path's (fed the same keys one at a time
+    through an iterator): first occurrences, in order, with the column's Arrow type."""
+    from dpq_spark.spark._arguments import _check_groups, _plain_keys
+
+    fields = {"g": T.StructField("g", dtype)}
+    fast = _plain_keys(keys, "g", dtype)
+    assert fast is not None
+    general = _check_groups(iter(keys), ("g",), fields)
+    assert fast.equals(general) and _check_groups(keys, ("g",), fields).equals(general)
+    # outside its case it steps aside for the general path (which checks and names the error)
+    assert _plain_keys(keys + [None], "g", dtype) is None
+    assert _plain_keys(iter(keys), "g", dtype) is None
+    if isinstance(dtype, T.IntegralType):
+        assert _plain_keys(keys + [True], "g", dtype) is None
+        bits = {T.LongType: 63, T.IntegerType: 31, T.ByteType: 7}[type(dtype)]
+        assert _plain_keys(keys + [2**bits], "g", dtype) is None
+        with pytest.raises(ValueError, match="out of the range"):
+            _check_groups(keys + [2**bits], ("g",), fields)
