@@ -86,7 +86,7 @@ from dpq_spark.core.approx_quantiles import _sensitivity as _approx_sensitivity
 from dpq_spark.core.approx_quantiles import recursion_depth
 from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
 from dpq_spark.core.errors import DPQValueError
-from dpq_spark.core.grid import Grid, draw_index, uniform_multiset
+from dpq_spark.core.grid import Grid, draw_index, draw_index_rows, uniform_multiset, uniform_multisets
 from dpq_spark.core.joint_exp import _grid_cells
 from dpq_spark.core.joint_exp import _sample_indices as _joint_sample
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
@@ -242,12 +242,14 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,
                                          mech_eps, grid, relation, *shape, source)
             continue
+        if name == "joint_exp":
+            values[members] = grid.value(_joint_exps(snapped, counts, bounds, members, q, mech_eps,
+                                                     relation, grid.size, source))
+            continue
         for g in members:
             lo, hi = int(bounds[g]), int(bounds[g + 1])
             k, c = (coarse_k if coarse else snapped)[lo:hi], counts[lo:hi]
-            if name == "joint_exp":
-                idx = _joint_exp(k, c, q, mech_eps, relation, grid.size, source)
-            elif k.size > _SMALL_POINTS:
+            if k.size > _SMALL_POINTS:
                 data = sort_data(k, c, 0, grid.size - 1)
                 if name == "ind_exp":
                     idx = _ind_exp(data, q, mech_eps, relation, grid.size, source)
@@ -340,6 +342,132 @@ def _joint_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
         run = int(np.searchsorted(seq, i, side="right")) - j
         out[j:j + run] = int(start[i]) + uniform_multiset(source, int(width[i]), run)
         j += run
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _enumerable(m: int) -> int:
+    """The most cells K whose ``C(K + m - 1, m)`` sequences are enumerated (at least 1)."""
+    K = 1
+    while math.comb(K + m, m) <= ENUMERATE_MAX:
+        K += 1
+    return K
+
+
+def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> np.ndarray:
+    """JointExp grid indices for the groups ``members`` (shape ``(len(members), m)``).
+
+    Groups with few enough cells to enumerate are drawn together: their cells (those of
+    :func:`~dpq_spark.core.joint_exp._grid_cells`, computed on padded arrays), the log-weights of
+    every sequence (the expression of :func:`_joint_exp`, on all groups with the same number of
+    cells at once), one exact draw per group (:func:`~dpq_spark.core.grid.draw_index_rows`) and
+    the uniform multisets of the runs (:func:`~dpq_spark.core.grid.uniform_multisets`). The
+    others go through :func:`_joint_exp` one at a time. Either way each group's sequence and
+    points have exactly the distribution :func:`_joint_exp` samples.
+    """
+    m, G = q.size, members.size
+    c = eps / (2.0 * joint_exp_sensitivity(q, relation))
+    out = np.empty((G, m), dtype=np.int64)
+    D = _enumerable(m)  # a group with more distinct points has more cells than that
+    sizes = bounds[members + 1] - bounds[members]
+    local = np.repeat(np.arange(G), sizes)
+    rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[members], sizes)
+    kk, cc = k[rows], counts[rows]
+    live = cc > 0
+    local, kk, cc = local[live], kk[live], cc[live]
+    order = np.lexsort((kk, local))
+    local, kk, cc = local[order], kk[order], cc[order]
+    first = np.flatnonzero(np.r_[True, (local[1:] != local[:-1]) | (kk[1:] != kk[:-1])]) if kk.size \
+        else np.zeros(0, dtype=np.int64)
+    dg, distinct = local[first], kk[first]
+    mult = np.add.reduceat(cc, first) if first.size else np.zeros(0, dtype=np.int64)
+    d = np.bincount(dg, minlength=G)
+    few = d <= D
+    slow = np.flatnonzero(~few)
+    if few.any():
+        pick = np.flatnonzero(few)
+        at = np.cumsum(d) - d  # each group's first distinct point
+        col = np.arange(dg.size) - at[dg]
+        sel = few[dg]
+        where = np.searchsorted(pick, dg[sel])
+        pts = np.zeros((pick.size, D), dtype=np.int64)
+        mul = np.zeros((pick.size, D), dtype=np.int64)
+        pts[where, col[sel]] = distinct[sel]
+        mul[where, col[sel]] = mult[sel]
+        done = _enumerate_cells(pts, mul, d[pick], q, c, size, source)
+        slow = np.sort(np.concatenate([slow, pick[~done[0]]]))
+        out[pick[done[0]]] = done[1]
+    for g in slow.tolist():
+        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+        out[g] = _joint_exp(k[lo:hi], counts[lo:hi], q, eps, relation, size, source)
+    return out
+
+
+def _enumerate_cells(pts, mul, d, q, c, size, source):
+    """Cells of groups with ``d`` distinct sorted points ``pts`` (padded rows, multiplicities
+    ``mul``) and, for those that can be enumerated, one JointExp draw each. Returns
+    ``(enumerated mask, draws of the enumerated rows)``."""
+    G, D = pts.shape
+    m = q.size
+    valid = np.arange(D)[None, :] < d[:, None]
+    n = mul.sum(axis=1)
+    below = np.cumsum(mul, axis=1) - mul
+    nxt = np.where(np.arange(D)[None, :] + 1 < d[:, None], np.roll(pts, -1, axis=1), size)
+    single = mul == 1
+    w_main = np.where(valid, np.where(single, nxt - pts, 1), 0)
+    w_gap = np.where(valid & ~single, nxt - pts - 1, 0)
+    widths = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    starts = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    poss = np.zeros((G, 2 * D + 1), dtype=np.float64)
+    widths[:, 0] = np.where(d > 0, pts[:, 0], size)
+    widths[:, 1::2], widths[:, 2::2] = w_main, w_gap
+    starts[:, 1::2], starts[:, 2::2] = pts, pts + 1
+    poss[:, 1::2] = below + (mul + 1.0) / 2.0  # joint_exp._tie_rank
+    poss[:, 2::2] = (below + mul).astype(np.float64)
+    keep = widths > 0
+    K = keep.sum(axis=1)
+    ok = np.array([math.comb(int(x) + m - 1, m) <= ENUMERATE_MAX for x in range(2 * D + 2)])[K]
+    order = np.argsort(~keep, axis=1, kind="stable")  # the kept cells first, in order
+    width = np.take_along_axis(widths, order, axis=1)
+    start = np.take_along_axis(starts, order, axis=1)
+    pos = np.take_along_axis(poss, order, axis=1)
+    draws = np.empty((int(ok.sum()), m), dtype=np.int64)
+    rows_ok = np.flatnonzero(ok)
+    targets = np.diff(np.concatenate(([0.0], q, [1.0])))
+    for cells in np.unique(K[ok]).tolist():
+        which = np.flatnonzero(K[rows_ok] == cells)
+        seqs, before, log_place = _sequences(cells, m)
+        chunk = max(1, (1 << 22) // (seqs.shape[0] * (m + 1)))
+        for lo in range(0, which.size, chunk):
+            part = which[lo:lo + chunk]
+            g = rows_ok[part]
+            wd, st, ps, nn = width[g, :cells], start[g, :cells], pos[g, :cells], n[g].astype(np.float64)
+            ranks = ps[:, seqs]
+            end = np.broadcast_to(nn[:, None, None], (g.size, seqs.shape[0], 1))
+            gaps = np.diff(ranks, axis=2, prepend=0.0, append=end)
+            util = -np.abs(gaps - (targets * nn[:, None])[:, None, :]).sum(axis=2)
+            log_mult = (np.log(wd[:, seqs] + before) - log_place).sum(axis=2)
+            seq = seqs[draw_index_rows(c * util + log_mult, source)]
+            draws[part] = _fill_runs(seq, np.take_along_axis(st, seq, axis=1),
+                                     np.take_along_axis(wd, seq, axis=1), source)
+    return ok, draws
+
+
+def _fill_runs(seq, start, width, source) -> np.ndarray:
+    """Grid points for sorted cell sequences: each run of k equal cells (``start``/``width`` of
+    its cell, per output) gets a uniform multiset of k of the cell's points."""
+    G, m = seq.shape
+    out = start.copy()
+    new = np.ones((G, m), dtype=bool)
+    new[:, 1:] = seq[:, 1:] != seq[:, :-1]
+    heads = np.flatnonzero(new.ravel())
+    length = np.diff(np.append(heads, G * m))
+    wide = width.ravel()[heads] > 1
+    flat = out.ravel()
+    for k in np.unique(length[wide]).tolist():
+        h = heads[wide & (length == k)]
+        points = uniform_multisets(source, width.ravel()[h], k)
+        flat[h[:, None] + np.arange(k)[None, :]] += points
     return out
 
 

@@ -60,6 +60,8 @@ __all__ = [
     "Grid",
     "MAX_GRID_STEPS",
     "draw_index",
+    "draw_index_rows",
+    "uniform_multisets",
     "jitter_indices",
     "round_indices",
     "uniform_multiset",
@@ -266,6 +268,75 @@ def _draw_by_levels(used: list, sizes: list, members_of, mantissa_of, source) ->
         r = int(members[source.below(len(members))])
         if source.below(2**53) < mantissa_of(r):
             return r
+
+
+#: draw_index_rows: weights below 2**-_ROW_DEPTH of a row's largest share one envelope unit
+_ROW_DEPTH = 40
+
+
+def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.ndarray:
+    """:func:`draw_index` for every row of a 2-d array at once (int64, one index per row).
+
+    Row g gives index r with probability exactly ``w_gr / sum_r w_gr``, ``w = exp(log_w -
+    rowmax)`` (the float64 numbers computed here), by the same kind of rejection as
+    :func:`draw_index`, run on all rows together: write ``w = f 2**(1 - L)`` (``f`` in [1/2, 1),
+    level ``L >= 0``). A weight of level ``L <= depth`` has the envelope ``2**-L`` and is
+    accepted with probability ``f`` (a 53-bit integer comparison); a deeper one has the envelope
+    ``2**-depth`` and is accepted with probability ``f 2**(depth - L)`` (an exact comparison on
+    Python integers; such weights hold at most ``S 2**-depth`` of the envelope, so this is rare).
+    Envelopes are whole multiples of ``2**-depth``, summed exactly in int64 (at most ``S 2**depth``
+    units, ``S`` the row length: ``S <= 2**(62 - depth)``), a uniform unit picks the candidate,
+    and every round accepts at least half of the envelope's mass. The draws differ from
+    :func:`draw_index`'s; the distribution is the same.
+    """
+    log_w = np.asarray(log_w, dtype=np.float64)
+    if log_w.ndim != 2:
+        raise ValueError("`log_w` must be 2-d")
+    G, S = log_w.shape
+    if S > 1 << (62 - depth):
+        raise ValueError(f"rows of at most 2**{62 - depth} weights, got {S}")
+    if S == 1 or G == 0:
+        return np.zeros(G, dtype=np.int64)
+    w = np.exp(log_w - log_w.max(axis=1, keepdims=True))
+    mant, expo = np.frexp(w)
+    level = 1 - expo.astype(np.int64)
+    positive = w > 0.0
+    shallow = positive & (level <= depth)
+    units = np.where(shallow, np.left_shift(1, np.clip(depth - level, 0, depth)),
+                     positive.astype(np.int64))
+    cum = np.cumsum(units, axis=1)
+    f53 = (mant * 2.0**53).astype(np.int64)  # exact: f has a 53-bit mantissa
+    out = np.empty(G, dtype=np.int64)
+    todo = np.arange(G)
+    while todo.size:
+        u = source.below_array(cum[todo, -1])
+        r = (cum[todo] <= u[:, None]).sum(axis=1)  # the unit's weight: first cum above u
+        accept = np.zeros(todo.size, dtype=bool)
+        near = shallow[todo, r]
+        if near.any():
+            coin = source.below_array(np.full(int(near.sum()), 2**53, dtype=np.uint64))
+            accept[near] = coin < f53[todo[near], r[near]]
+        for i in np.flatnonzero(~near).tolist():  # a deep weight: f 2**(depth - L)
+            g, col = int(todo[i]), int(r[i])
+            accept[i] = source.below(1 << (53 + int(level[g, col]) - depth)) < int(f53[g, col])
+        out[todo[accept]] = r[accept]
+        todo = todo[~accept]
+    return out
+
+
+def uniform_multisets(source, widths, k: int) -> np.ndarray:
+    """:func:`uniform_multiset` for many widths at once: row i is a uniform multiset of ``k``
+    points of ``{0, .., widths[i] - 1}``, sorted (shape ``(len(widths), k)``, int64), by the
+    same stars-and-bars construction with Floyd's algorithm run on all rows together."""
+    widths = np.asarray(widths, dtype=np.int64)
+    top = widths + (k - 1)
+    chosen = np.empty((widths.size, k), dtype=np.int64)
+    for step in range(k):
+        j = top - k + step
+        t = source.below_array(j + 1)
+        taken = (chosen[:, :step] == t[:, None]).any(axis=1)
+        chosen[:, step] = np.where(taken, j, t)
+    return np.sort(chosen, axis=1) - np.arange(k, dtype=np.int64)
 
 
 def uniform_multiset(source, width: int, k: int) -> np.ndarray:

@@ -175,6 +175,27 @@ def test_joint_exp_empty_group_is_a_uniform_multiset_of_grid_points():
     assert kstest(out[:, 1] / UPPER, lambda x: 1 - (1 - x) ** 3).pvalue < ALPHA
 
 
+def test_joint_exp_interleaved_groups_each_keep_their_own_law():
+    """Groups with different numbers of cells, interleaved with one beyond enumeration, in one
+    call: each enumerated group's draws follow its own exact law (a draw given to the wrong
+    group, or cells mixed up between rows, would fail), and the large group runs the core."""
+    names = ["one", "two", "tie", "three", "empty"]
+    big = (np.linspace(1.0, 9.0, 40), None)
+    batch = [GROUPS[k] for k in names] * 2000 + [big] * 5
+    out = release_many(batch, Q3, epsilon=4.0, lower=LOWER, upper=UPPER, mechanism="joint_exp",
+                       rng=np.random.default_rng(47)).values
+    for i, name in enumerate(names[:4]):
+        values, counts = GROUPS[name]
+        law = _exact_law(values, counts, Q3, 4.0, "add_remove")
+        assert _law_pvalue(out[i:len(names) * 2000:len(names)], values, counts, law) > ALPHA
+    # power of the same check: the draws of "two" judged by the law of "tie"
+    values, counts = GROUPS["tie"]
+    law = _exact_law(values, counts, Q3, 4.0, "add_remove")
+    assert _law_pvalue(out[1:len(names) * 2000:len(names)], values, counts, law) < ALPHA
+    tail = out[-5:]
+    assert np.all(np.diff(tail, axis=1) >= 0) and np.all((tail >= LOWER) & (tail <= UPPER))
+
+
 def test_joint_exp_nine_deciles_on_five_points_uses_the_core_path():
     """Above the enumeration limit the core's sampler runs (same law, checked on the outputs)."""
     values = np.array([1.0, 2.0, 3.0, 6.0, 8.0])

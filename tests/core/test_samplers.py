@@ -236,6 +236,65 @@ def test_draw_index_is_exactly_proportional_to_the_weights(monkeypatch, small):
     assert stats.chisquare(hits[keep], wrong).pvalue < 1e-6
 
 
+@pytest.mark.parametrize("depth", [40, 1])  # 1: every weight below 1/2 takes the deep path
+def test_draw_index_rows_is_exactly_proportional_per_row(depth):
+    from dpq_spark.core.grid import draw_index_rows
+
+    with np.errstate(divide="ignore"):  # a zero weight: log 0 = -inf
+        rows = np.log(np.array([[0.9, 0.55, 0.3, 0.26, 0.05, 0.013, 0.6, 1e-9],
+                                [1e-3, 1.0, 1e-3, 0.2, 0.0, 0.7, 0.05, 0.4]]))
+    runs = 20_000
+    source = resolve_rng(np.random.default_rng(37))
+    draws = draw_index_rows(np.repeat(rows, runs, axis=0), source, depth=depth).reshape(runs, 2, order="F")
+    for g in range(2):
+        w = np.exp(rows[g] - rows[g].max())
+        hits = np.bincount(draws[:, g], minlength=w.size)
+        keep = w / w.sum() * runs >= 5
+        assert hits[~keep].sum() <= 10
+        expected = w[keep] / w[keep].sum() * hits[keep].sum()
+        assert stats.chisquare(hits[keep], expected).pvalue > 1e-4
+        # power: accepting on the levels alone (2**-L per weight) is rejected
+        levels = 2.0 ** np.floor(np.log2(np.maximum(w, 1e-300)))
+        wrong = levels[keep] / levels[keep].sum() * hits[keep].sum()
+        assert stats.chisquare(hits[keep], wrong).pvalue < 1e-6
+
+
+def test_draw_index_rows_deep_weights_are_accepted_in_proportion(monkeypatch):
+    """With depth 1 the deep path decides most draws; accepting every deep candidate (envelope
+    instead of weight) must fail the same check."""
+    from dpq_spark.core import grid
+
+    log_w = np.log(np.array([[1.0, 0.3, 0.1, 0.02, 0.2]]))
+    w = np.exp(log_w[0])
+    runs = 20_000
+    hits = np.bincount(grid.draw_index_rows(np.repeat(log_w, runs, axis=0),
+                                            resolve_rng(np.random.default_rng(41)), depth=1),
+                       minlength=w.size)
+    assert stats.chisquare(hits, w / w.sum() * runs).pvalue > 1e-4
+    envelope = np.array([1.0, 0.5, 0.5, 0.5, 0.5])  # deep weights: one unit of 2**-1 each
+    assert stats.chisquare(hits, envelope / envelope.sum() * runs).pvalue < 1e-6
+
+
+@pytest.mark.parametrize("width, k", [(1, 3), (2, 3), (5, 2), (4, 4)])
+def test_uniform_multisets_gives_every_multiset_the_same_probability(width, k):
+    from itertools import combinations_with_replacement
+
+    from dpq_spark.core.grid import uniform_multisets
+
+    every = list(combinations_with_replacement(range(width), k))
+    runs = 400 * len(every)
+    got = uniform_multisets(resolve_rng(np.random.default_rng(43)), np.full(runs, width), k)
+    index = {m: i for i, m in enumerate(every)}
+    hits = np.bincount([index[tuple(row)] for row in got.tolist()], minlength=len(every))
+    assert hits.sum() == runs
+    if len(every) > 1:
+        assert stats.chisquare(hits).pvalue > 1e-4
+        # power: k independent uniform points, sorted, are not uniform over multisets
+        iid = np.sort(np.random.default_rng(44).integers(0, width, (runs, k)), axis=1)
+        wrong = np.bincount([index[tuple(row)] for row in iid.tolist()], minlength=len(every))
+        assert stats.chisquare(wrong).pvalue < 1e-6
+
+
 def test_draw_index_short_list_path_makes_the_general_paths_draws():
     from dpq_spark.core import grid
 
