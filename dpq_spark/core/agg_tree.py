@@ -5,8 +5,10 @@ complete ``branching``-ary tree above them counts the points in its range. Each 
 discrete Laplace noise (sampled exactly on the integers), then Honaker's (2015) two-pass inverse-variance aggregation combines every node's
 own noisy count with the estimates implied by its subtree (from below) and by its parent and
 siblings (from above). Quantiles descend the aggregated tree from the root and interpolate inside
-the node where they stop (as Google's ``BoundedQuantiles`` does). All quantiles come from the same
-noisy tree, so the budget does not depend on m.
+the node where they stop (as Google's ``BoundedQuantiles`` does), and are rounded to the public
+default grid of :class:`~dpq_spark.core.grid.Grid` (2**32 steps), so that every release of the
+package is a grid point. All quantiles come from the same noisy tree, so the budget does not
+depend on m.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dpq_spark.core._samplers import discrete_laplace, dlap_scale
 from dpq_spark.core._sorted_data import SortedData, sort_data
 from dpq_spark.core._validation import check_positive_int
 from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.grid import Grid
 from dpq_spark.core.privacy import NeighboringRelation
 
 __all__ = ["agg_tree", "histogram", "honaker_aggregate", "HISTOGRAM_BINS"]
@@ -242,7 +245,9 @@ def agg_tree(
     variance = 2.0 * q / (1.0 - q) ** 2 if q > 0.0 else 1.0
     tree = honaker_aggregate(noisy, b, variance, float(data.n) if swap else None)
     out = np.array([_descend(tree, b, request.lower, request.upper, float(q)) for q in request.quantiles])
-    return np.sort(np.clip(out, request.lower, request.upper))
+    # Rounded to the public default grid, like every other release (post-processing).
+    grid = Grid(request.lower, request.upper)
+    return grid.value(grid.snap(np.sort(np.clip(out, request.lower, request.upper))))
 
 
 def histogram(

@@ -246,6 +246,11 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             values[members] = grid.value(_joint_exps(snapped, counts, bounds, members, q, mech_eps,
                                                      relation, grid.size, source))
             continue
+        if name == "approx_quantiles":
+            values[members] = grid.value(_approx_many(coarse_k if coarse else snapped, counts,
+                                                      bounds, members, q, mech_eps, relation,
+                                                      grid.size - 1, source))
+            continue
         for g in members:
             lo, hi = int(bounds[g]), int(bounds[g + 1])
             k, c = (coarse_k if coarse else snapped)[lo:hi], counts[lo:hi]
@@ -368,7 +373,27 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
     m, G = q.size, members.size
     c = eps / (2.0 * joint_exp_sensitivity(q, relation))
     out = np.empty((G, m), dtype=np.int64)
-    D = _enumerable(m)  # a group with more distinct points has more cells than that
+    # a group with more distinct points than cells that can be enumerated has too many cells
+    pick, pts, mul, d, slow = _distinct_rows(k, counts, bounds, members, _enumerable(m))
+    if pick.size:
+        done, draws = _enumerate_cells(pts, mul, d, q, c, size, source)
+        slow = np.sort(np.concatenate([slow, pick[~done]]))
+        out[pick[done]] = draws
+    for g in slow.tolist():
+        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+        out[g] = _joint_exp(k[lo:hi], counts[lo:hi], q, eps, relation, size, source)
+    return out
+
+
+def _distinct_rows(k, counts, bounds, members, D):
+    """Each group's distinct sorted grid indices and multiplicities (zero counts dropped), as
+    padded rows for the groups with at most ``D`` of them.
+
+    Returns ``(pick, pts, mul, d, rest)``: the positions in ``members`` of those groups, their
+    points and multiplicities (shape ``(len(pick), D)``, zero-padded), their numbers of points,
+    and the positions of the other groups.
+    """
+    G = members.size
     sizes = bounds[members + 1] - bounds[members]
     local = np.repeat(np.arange(G), sizes)
     rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[members], sizes)
@@ -383,24 +408,15 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
     mult = np.add.reduceat(cc, first) if first.size else np.zeros(0, dtype=np.int64)
     d = np.bincount(dg, minlength=G)
     few = d <= D
-    slow = np.flatnonzero(~few)
-    if few.any():
-        pick = np.flatnonzero(few)
-        at = np.cumsum(d) - d  # each group's first distinct point
-        col = np.arange(dg.size) - at[dg]
-        sel = few[dg]
-        where = np.searchsorted(pick, dg[sel])
-        pts = np.zeros((pick.size, D), dtype=np.int64)
-        mul = np.zeros((pick.size, D), dtype=np.int64)
-        pts[where, col[sel]] = distinct[sel]
-        mul[where, col[sel]] = mult[sel]
-        done = _enumerate_cells(pts, mul, d[pick], q, c, size, source)
-        slow = np.sort(np.concatenate([slow, pick[~done[0]]]))
-        out[pick[done[0]]] = done[1]
-    for g in slow.tolist():
-        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
-        out[g] = _joint_exp(k[lo:hi], counts[lo:hi], q, eps, relation, size, source)
-    return out
+    pick = np.flatnonzero(few)
+    col = np.arange(dg.size) - (np.cumsum(d) - d)[dg]
+    sel = few[dg]
+    where = np.searchsorted(pick, dg[sel])
+    pts = np.zeros((pick.size, D), dtype=np.int64)
+    mul = np.zeros((pick.size, D), dtype=np.int64)
+    pts[where, col[sel]] = distinct[sel]
+    mul[where, col[sel]] = mult[sel]
+    return pick, pts, mul, d[pick], np.flatnonzero(~few)
 
 
 def _enumerate_cells(pts, mul, d, q, c, size, source):
@@ -560,6 +576,90 @@ def _approx_small(points, mult, q, eps, relation, top, source) -> np.ndarray:
     return np.sort(out)
 
 
+def _approx_many(k, counts, bounds, members, q, eps, relation, top, source) -> np.ndarray:
+    """ApproxQuantiles grid indices for the groups ``members`` (shape ``(len(members), m)``):
+    groups with at most ``_SMALL_POINTS`` distinct points run the recursion together, node by
+    node (:func:`_approx_rows`); larger groups run the core's sampler one at a time."""
+    out = np.empty((members.size, q.size), dtype=np.int64)
+    pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
+    if pick.size:
+        out[pick] = _approx_rows(pts, mul, d, q, eps, relation, top, source)
+    for g in rest.tolist():
+        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+        data = sort_data(k[lo:hi], counts[lo:hi], 0, top)
+        out[g] = _approx_sample(data, top, q, eps, relation, source)
+    return out
+
+
+def _approx_rows(pts, mul, d, q, eps, relation, top, source) -> np.ndarray:
+    """The recursion of ``approx_quantiles._sample_indices`` for many groups at once.
+
+    The recursion's shape (which quantile each node splits on, its epsilon and sensitivity)
+    is public and the same for every group; only the data and the draws differ. So every node
+    is one vectorised draw for all groups (:func:`_exp_rows`), each group's sub-problem being a
+    range ``[a, b)`` of its padded sorted points and a grid range ``[lo, hi]``, split at its
+    draw ``v`` exactly as the core splits it (points below ``v`` left, the others right).
+    """
+    G = pts.shape[0]
+    m = q.size
+    eps_level = eps / recursion_depth(m)
+    out = np.empty((G, m), dtype=np.int64)
+    col = np.arange(pts.shape[1])[None, :]
+    stack = [(np.zeros(G, dtype=np.int64), d.astype(np.int64), np.zeros(G, dtype=np.int64),
+              np.full(G, top, dtype=np.int64), q, np.arange(m), True)]
+    while stack:
+        a, b, lo, hi, qs, slots, is_top = stack.pop()
+        mid = qs.size // 2
+        q_star = float(qs[mid])
+        v = _exp_rows(pts, mul, a, b, lo, hi + 1, q_star, eps_level,
+                      _approx_sensitivity(q_star, relation, is_top), source)
+        out[:, slots[mid]] = v
+        inside = (col >= a[:, None]) & (col < b[:, None])
+        cut = a + (inside & (pts < v[:, None])).sum(axis=1)
+        if mid > 0:
+            stack.append((a, cut, lo, v, qs[:mid] / q_star, slots[:mid], False))
+        if mid + 1 < qs.size:
+            end = cut + (inside & (col >= cut[:, None]) & (pts <= hi[:, None])).sum(axis=1)
+            right_q = (qs[mid + 1:] - q_star) / (1.0 - q_star)
+            stack.append((cut, end, v, hi, right_q, slots[mid + 1:], False))
+    return np.sort(out, axis=1)
+
+
+def _exp_rows(pts, mul, a, b, first, stop, q, epsilon, sensitivity, source) -> np.ndarray:
+    """``GridCells.sample`` (:func:`_draw_cell`) for every row at once: row g's data are the
+    points ``pts[g, a_g:b_g]`` (sorted, distinct, multiplicities ``mul``), its grid points
+    ``first_g .. stop_g - 1``; one exponential-mechanism draw of a grid index per row, from the
+    same cells and the same log-weight expression, sampled exactly
+    (:func:`~dpq_spark.core.grid.draw_index_rows`, then a uniform point of the cell)."""
+    G, D = pts.shape
+    col = np.arange(D)[None, :]
+    idx = np.minimum(a[:, None] + col, D - 1)
+    n_pts = b - a
+    valid = col < n_pts[:, None]
+    p = np.take_along_axis(pts, idx, axis=1)
+    t = np.where(valid, np.take_along_axis(mul, idx, axis=1), 0)
+    n = t.sum(axis=1)
+    below = np.cumsum(t, axis=1) - t
+    nxt = np.where(col + 1 < n_pts[:, None], np.roll(p, -1, axis=1), stop[:, None])
+    single = t == 1
+    widths = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    starts = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    ranks = np.zeros((G, 2 * D + 1), dtype=np.float64)
+    widths[:, 0] = np.where(n_pts > 0, p[:, 0], stop) - first
+    starts[:, 0] = first
+    widths[:, 1::2] = np.where(valid, np.where(single, nxt - p, 1), 0)
+    widths[:, 2::2] = np.where(valid & ~single, nxt - p - 1, 0)
+    starts[:, 1::2], starts[:, 2::2] = p, p + 1
+    ranks[:, 1::2] = below + (t + 1) / 2.0
+    ranks[:, 2::2] = (below + t).astype(np.float64)
+    scale = epsilon / (2.0 * sensitivity)
+    with np.errstate(divide="ignore"):  # empty slots: log 0 = -inf, weight 0
+        log_w = np.log(widths.astype(np.float64)) - scale * np.abs(ranks - q * n[:, None])
+    r = draw_index_rows(log_w, source)[:, None]
+    return (np.take_along_axis(starts, r, axis=1)[:, 0]
+            + source.below_array(np.take_along_axis(widths, r, axis=1)[:, 0]))
+
+
 # --------------------------------------------------------------------------------------------
 # AggTree
 
@@ -595,7 +695,8 @@ def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, sour
             weight = counts[rows].astype(np.float64)
             for level in range(1, h + 1):
                 np.add.at(noisy[level], (local, leaf // b ** (h - level)), weight)
-        out[lo:lo + G] = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
+        est = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
+        out[lo:lo + G] = grid.value(grid.snap(est))  # rounded to the grid, as agg_tree does
     return out
 
 

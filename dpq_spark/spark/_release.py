@@ -216,6 +216,7 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 _COMPACT_ROWS = 1 << 20  # raw codes buffered before they are merged into counts (or spilled)
 _MERGE_CAP = 1 << 23  # ... and at most this many more when the merged codes are already many
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
+_BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once per call)
 
 
 def _reduce_sorted(codes, counts):
@@ -551,14 +552,14 @@ def _batchable(params: ReleaseParams) -> bool:
 
 
 def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
-    """Release the groups of an unspilled fold in batches of ``_OUTPUT_GROUPS``: each group
+    """Release the groups of an unspilled fold in batches of ``_BATCH_GROUPS``: each group
     with exactly the distribution :func:`release_fine` gives it (the noisy count and choice of
     ``"auto"``, JointExp/IndExp on the exact grid indices, ApproxQuantiles/AggTree on coarse
     cells), at a per-group cost of tens of microseconds instead of milliseconds."""
     out = []
     q = np.asarray(params.quantiles, dtype=np.float64)
-    for lo in range(0, len(gids), _OUTPUT_GROUPS):
-        chunk = range(lo, min(lo + _OUTPUT_GROUPS, len(gids)))
+    for lo in range(0, len(gids), _BATCH_GROUPS):
+        chunk = range(lo, min(lo + _BATCH_GROUPS, len(gids)))
         groups = [(index[starts[i]:ends[i]], counts[starts[i]:ends[i]]) for i in chunk]
         got = release_many(groups, q, epsilon=params.epsilon, lower=params.lower,
                            upper=params.upper, neighboring=params.neighboring,
@@ -588,7 +589,8 @@ def _release_sink(sink, params: ReleaseParams, units_of, hash_of):
 
 
 def release_partition(batches, params: ReleaseParams):
-    """``mapInArrow`` body of the public-key path: fold one partition, release each group.
+    """``mapInArrow`` body of the public-key path: fold one partition, release each group
+    (Arrow record batches out: ``GID``, quantile, value, ``MECHANISM``).
 
     The input is hash partitioned by key index, so every group is whole in one partition. Each
     row is one kept data row, a single ``CODE``: key index * 2**33 + grid index, or key index *
@@ -623,11 +625,12 @@ def _release_partition(batches, params: ReleaseParams, sink):
     q = np.asarray(params.quantiles, dtype=np.float64)
     for lo in range(0, len(released), _OUTPUT_GROUPS):
         part = released[lo:lo + _OUTPUT_GROUPS]
-        yield pd.DataFrame({GID: np.repeat(np.asarray([g for g, _, _ in part], np.int64), m),
-                            "quantile": np.tile(q, len(part)),
-                            "value": np.concatenate([v for _, v, _ in part]),
-                            MECHANISM: np.repeat(np.asarray([n for _, _, n in part],
-                                                            dtype=object), m)})
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(np.repeat(np.asarray([g for g, _, _ in part], np.int64), m)),
+             pa.array(np.tile(q, len(part))),
+             pa.array(np.concatenate([v for _, v, _ in part]), type=pa.float64()),
+             pa.array([n for _, _, n in part for _ in range(m)], type=pa.string())],
+            names=[GID, "quantile", "value", MECHANISM])
 
 
 def _release_buckets(counter: _Counter, params: ReleaseParams, units_of, hash_of):

@@ -376,12 +376,8 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
                            T.StructField("value", T.DoubleType(), False),
                            T.StructField(MECHANISM, T.StringType(), False)])
 
-    arrow_schema = pa.schema([(GID, pa.int64()), ("quantile", pa.float64()),
-                              ("value", pa.float64()), (MECHANISM, pa.string())])
-
-    def fn(batches):  # Arrow in and out: the single int64 column needs no pandas conversion
-        for frame in release_partition(batches, params):
-            yield pa.RecordBatch.from_pandas(frame, schema=arrow_schema, preserve_index=False)
+    def fn(batches):  # Arrow in and out (int64, double, double, string): no pandas conversion
+        yield from release_partition(batches, params)
 
     released = to_arrow(codes.mapInArrow(fn, schema=schema))
     gids = released.column(GID).to_numpy()

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("pandas")
@@ -129,7 +130,7 @@ def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
     batches = [pd.DataFrame({_release.CODE: codes[i:i + 450]}) for i in range(0, 4000, 450)]
     params = _params(keys=("g",), extra_columns=(_release.CODE,), epsilon=1e4,
                      fold_budget=budget)
-    out = pd.concat(list(_release.release_partition(iter(batches), params)), ignore_index=True)
+    out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params))).to_pandas()
     assert list(out.columns) == [_release.GID, "quantile", "value", "mechanism"]
     assert set(out["mechanism"]) == {"joint_exp"}
     assert out[_release.GID].tolist() == list(range(7))
@@ -196,7 +197,9 @@ def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
     from dpq_spark.core.batch import release_many
 
     gen = np.random.default_rng(8)
-    k = np.sort(2**31 + gen.choice(40 * 4096, 30, replace=False))
+    # 80 rows in 80 distinct coarse cells: more than release_many's 64-point small path, so
+    # ApproxQuantiles runs the core's sampler and makes its very draws
+    k = np.sort(2**31 + 4096 * gen.choice(200, 80, replace=False) + gen.integers(0, 4096, 80))
     counts = np.ones(k.size, dtype=np.int64)
     q = np.array([0.25, 0.5, 0.75])
     eps = 1.0 if mechanism == "approx_quantiles" else 1e9
@@ -237,7 +240,8 @@ def test_unseeded_empty_public_keys_are_released_in_one_batch(spark, monkeypatch
         v = rows["value"].to_numpy()
         assert v[0] <= v[1] and 0.0 <= v[0] and v[1] <= 1.0
         assert np.array_equal(GRID.value(GRID.snap(v)), v)  # grid points
-    assert set(out["mechanism"]) <= {"joint_exp", "ind_exp", "approx_quantiles", "agg_tree"}
+    assert set(out["mechanism"]) <= {"joint_exp", "ind_exp", "approx_quantiles", "agg_tree",
+                                     "histogram"}
     calls.clear()
     dp_quantiles(df, "x", quantiles=[0.25, 0.75], epsilon=1.0, lower=0.0, upper=1.0,
                  group_by="g", groups=keys, rng=np.random.default_rng(0)).collect()
