@@ -18,7 +18,9 @@ skew       one group of 5e7 rows beside 1,000 groups of 1,000 rows: completes wi
            memory; the peak resident memory (VmHWM) of every Python worker process of this
            session is read from /proc while it runs (classic sessions on Linux only), and the
            largest is printed, with the driver's own peak
-keys       1e5 public keys, 2 rows each, deciles [<= 3x percentile_approx]
+keys       1e5 public keys, 2 rows each, deciles [<= 3x percentile_approx]; timed with
+           collect() and, as "keys/pd", with toPandas() (the release has 9e5 rows, one per key
+           and decile, against percentile_approx's 1e5 rows of arrays)
 timestamps 1,000 timestamps in one 1,907 s cell of bounds [0, 2e9], and 600 in one cell + 400
            over +-1 day: error of dp_quantiles and of core ``joint_exp`` on the raw values
            [within 2x]
@@ -80,10 +82,10 @@ def _side_by_side(name, df, dp_call, approx_call):
     return out
 
 
-def _approx(F, quantiles, keys=()):
+def _approx(F, quantiles, keys=(), fetch="collect"):
     def call(df):
         agg = F.percentile_approx("x", quantiles).alias("p")
-        return (df.groupBy(*keys).agg(agg) if keys else df.agg(agg)).collect()
+        return getattr(df.groupBy(*keys).agg(agg) if keys else df.agg(agg), fetch)()
     return call
 
 
@@ -234,9 +236,16 @@ def case_keys(spark, F, dp_quantiles, size):
     df = spark.range(2 * groups).select((F.col("id") % groups).alias("g"),
                                         (F.randn(8) * 5).alias("x")).cache()
     df.count()
-    _side_by_side("keys", df, lambda d: dp_quantiles(
-        d, "x", quantiles=DECILES, epsilon=1.0, lower=-50, upper=50, group_by="g",
-        groups=list(range(groups))).collect(), _approx(F, DECILES, ["g"]))
+    def release(d):
+        return dp_quantiles(d, "x", quantiles=DECILES, epsilon=1.0, lower=-50, upper=50,
+                            group_by="g", groups=list(range(groups)))
+
+    # The release has one row per (key, decile): 9e5 rows, whose collect() into Python Row
+    # objects costs seconds by itself, against 1e5 rows (one array each) for percentile_approx.
+    # So the case is timed with collect() and with toPandas() (Arrow), for both.
+    _side_by_side("keys", df, lambda d: release(d).collect(), _approx(F, DECILES, ["g"]))
+    _side_by_side("keys/pd", df, lambda d: release(d).toPandas(),
+                  _approx(F, DECILES, ["g"], fetch="toPandas"))
     df.unpersist()
 
 

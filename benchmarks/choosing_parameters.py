@@ -17,6 +17,10 @@ quantiles and repetitions; fixed seed):
   n = 500 and 1e5, swap neighbours (n public, the paper's setting), on N(0, 5), Goodreads ``average_rating`` (sampled with replacement to 1e5) and
   log-normal incomes (median 45,000, sigma 0.9: a public description of US household incomes; no
   download).
+- ``tiny``: few rows. For n = 5..50 N(0, 5) values, epsilon = 0.95 (auto's share after its
+  count), m = 2..99 and bounds +-10, +-50, +-5e4: the mean absolute error and mean missed points
+  of the 16-bin ``histogram`` divided by those of the mechanism the rule picked before the
+  histogram existed (the check behind ``mechanism="auto"``'s ``n * epsilon < 25`` rule).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from dpq_spark.core.mechanisms import MECHANISMS, get_base_mechanism  # noqa: E402
 
 DECILES = np.arange(1, 10) / 10
-PARTS = ("epsilon", "m", "crossover", "looseness", "bounds_free")
+PARTS = ("epsilon", "m", "crossover", "looseness", "bounds_free", "tiny")
 
 
 def _ratings() -> np.ndarray:
@@ -106,6 +110,49 @@ def part_crossover(rng, reps):
             rows.append((n * eps, m, res, best))
             print(f"n*eps={n * eps:g} m={m}: " + ", ".join(f"{k} {v:.0f}" for k, v in res.items())
                   + f" -> {best}", flush=True)
+    return rows
+
+
+def _rule_without_histogram(m, n, epsilon):
+    """``choose_mechanism`` as it was before the histogram rule (``m > 1``)."""
+    from dpq_spark.core import choose
+
+    factor = (max(float(n), 1.0) * epsilon / choose._REF) ** choose._POWER
+    if m <= max(2.0, choose._M1 * factor):
+        return "joint_exp"
+    if m <= max(2.0, choose._M2 * factor):
+        return "approx_quantiles"
+    return "agg_tree"
+
+
+def part_tiny(rng, reps, out):
+    rows = []
+    eps = 0.95
+    histogram = get_base_mechanism("histogram")
+    for m in (2, 3, 5, 9, 19, 49, 99):
+        q = np.arange(1, m + 1) / (m + 1)
+        for n in (5, 10, 20, 30, 50):
+            before = _rule_without_histogram(m, n, eps)
+            mech = get_base_mechanism(before)
+            line = []
+            for bound in (10.0, 50.0, 5e4):
+                err = np.zeros(4)
+                for _ in range(reps):
+                    x = np.sort(rng.normal(0, 5, n))
+                    truth = np.quantile(x, q, method="inverted_cdf")
+                    target = np.floor(q * n)
+                    for i, f in enumerate((mech, histogram)):
+                        est = np.asarray(f(x, q, epsilon=eps, lower=-bound, upper=bound, rng=rng))
+                        err[2 * i] += np.abs(est - truth).mean()
+                        err[2 * i + 1] += np.abs(np.searchsorted(x, est) - target).mean()
+                mae, missed = err[2] / err[0], err[3] / err[1]
+                rows.append((m, n, before, bound, mae, missed))
+                line.append(f"+-{bound:g}: MAE {mae:.2f}x, missed {missed:.2f}x")
+            print(f"m={m} n={n} (was {before}): histogram / was  " + " | ".join(line), flush=True)
+    with open(out / "choose_tiny.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["m", "n", "previous_choice", "bound", "mae_ratio", "missed_ratio"])
+        w.writerows(rows)
     return rows
 
 
@@ -218,6 +265,8 @@ def main(argv=None) -> int:
         results["crossover"] = part_crossover(rng, max(3, args.reps // 4))
     if "looseness" in args.part:
         results["looseness"] = part_looseness(rng, args.reps, args.out)
+    if "tiny" in args.part:
+        results["tiny"] = part_tiny(rng, max(20, args.reps * 6), args.out)
     if "bounds_free" in args.part:
         rows = part_bounds_free(rng, args.reps, args.out, pools)
         with open(args.out / "choose_bounds_free.csv", "w", newline="") as fh:

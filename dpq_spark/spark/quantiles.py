@@ -259,9 +259,9 @@ def dp_quantiles(
         selection_fraction=selection_fraction, rng=rng, bounds_share=bounds_share,
     )
     started = time.perf_counter()
-    logger.info("dp_quantiles: column=%r keys=%r m=%d epsilon=%g mechanism=%s resolution=%d",
-                req.column, list(req.keys), len(req.quantiles), req.epsilon, req.mechanism,
-                req.resolution)
+    what = (f"column={req.column!r} keys={list(req.keys)!r} m={len(req.quantiles)} "
+            f"epsilon={req.epsilon:g} mechanism={req.mechanism}")  # public parameters only
+    logger.debug("dp_quantiles: %s: starting", what)
     jobs = [0]
     token = _ACTIONS.set(jobs)
     try:
@@ -276,8 +276,8 @@ def dp_quantiles(
         out = _materialise(req, table)
     finally:
         _ACTIONS.reset(token)
-    logger.info("dp_quantiles: released in %.2fs, %d Spark job(s), path=%s",
-                time.perf_counter() - started, jobs[0], path)
+    logger.info("dp_quantiles: %s: released in %.2fs, %d Spark job(s), path=%s",
+                what, time.perf_counter() - started, jobs[0], path)
     return out
 
 
