@@ -31,13 +31,14 @@ costs no privacy.
 
 Few rows (``size < 25``). Below about 25 rows' worth of budget every fine mechanism is mostly
 noise, and a 16-bin noisy histogram (:func:`~dpq_spark.core.agg_tree.histogram`, one count per
-bin with noise ``1 / epsilon``) is better: against the previous rule's pick, on N(0, 5) data at
+bin with noise ``1 / epsilon``) does better: against the previous rule's pick, on N(0, 5) data at
 ``n = 5 .. 30``, ``epsilon = 0.95``, ``m = 2 .. 99`` and bounds ``+-10``, ``+-50`` and ``+-5e4``
-(``benchmarks/choosing_parameters.py --part tiny``), its mean absolute error was 0.1-1.05x and
-its mean missed points 0.35-1.2x (the worst, 1.2x, for m = 2 or 5 with bounds ``+-10``; 0.4-0.9x
-where m >= 9). At ``n = 50`` it starts to lose with m = 2 (1.5x missed points) and with wide
-bounds for m >= 19, hence the threshold of 25. It is also the cheapest mechanism (16 noise draws),
-which matters when a release has many small groups.
+(``benchmarks/choosing_parameters.py --part tiny``; ``docs/choosing_parameters.md``), its mean
+absolute error was at most 1.13x and mostly a fraction of it, its mean missed points at most 1.25x
+(m = 2 with bounds ``+-10``) and mostly below 1. At ``n = 50`` it starts to lose (1.5x missed
+points at m = 2; up to 1.25x with wide bounds and many quantiles), hence the threshold of 25. It
+is also the cheapest mechanism (16 noise draws), which matters when a release has many small
+groups.
 """
 
 from __future__ import annotations

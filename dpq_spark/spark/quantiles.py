@@ -131,10 +131,10 @@ def dp_quantiles(
     mechanism : str, default "auto"
         ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
         row count: public under swap, else a noisy count with 5% of the group's epsilon;
-        :mod:`dpq_spark.core.choose`): IndExp for one quantile, JointExp up to about 35
-        quantiles at ``n epsilon = 1000``, then ApproxQuantiles, then AggTree. Or a pure
-        mechanism by name: ``"joint_exp"``, ``"ind_exp"``, ``"approx_quantiles"``,
-        ``"agg_tree"``.
+        :mod:`dpq_spark.core.choose`): IndExp for one quantile, the 16-bin histogram when
+        ``n epsilon < 25``, JointExp up to about 35 quantiles at ``n epsilon = 1000``, then
+        ApproxQuantiles, then AggTree. Or a pure mechanism by name: ``"joint_exp"``,
+        ``"ind_exp"``, ``"approx_quantiles"``, ``"agg_tree"``, ``"histogram"``.
     selection_fraction : float, default 0.5
         Share of ``epsilon`` spent on partition selection when ``delta`` is given.
     bounds_share : float, optional
