@@ -35,25 +35,32 @@ independent. What it saves is work that does not change a distribution:
   grid tuples that :func:`~dpq_spark.core.joint_exp_indices` samples (each tuple's weight
   ``exp(c u)`` depends on its cells only, and a cell holding k outputs offers ``C(w + k - 1, k)``
   multisets), without band pruning or run truncation. An empty group has one cell (the whole
-  grid): a uniform multiset of m grid points. Larger groups use the core's sampler.
-- *IndExp and ApproxQuantiles* on at most 64 rows run the cores' recursions on Python lists: the
-  same cells, the same float64 log-weights (the same numpy expression) and the same draws in the
-  same order, so with a seeded generator one group's output is the core's, bit for bit; larger
-  groups call the cores' samplers on the snapped data.
+  grid): a uniform multiset of m grid points. All groups of up to ``_enumerable(m)`` rows are
+  enumerated together (padded cells; every sequence's log-weight for all groups with the same
+  number of cells at once; one exact draw per group with
+  :func:`~dpq_spark.core.grid.draw_index_rows`; the runs' multisets with
+  :func:`~dpq_spark.core.grid.uniform_multisets`). Larger groups use :func:`_joint_exp` one at a
+  time (enumeration when their cells are few, else the core's sampler).
+- *IndExp and ApproxQuantiles* on at most 64 rows draw for all such groups at once: IndExp each
+  quantile, ApproxQuantiles each node of its recursion (whose shape is public and the same for
+  every group), with the core's cells and float64 log-weight expression and exact draws
+  (:func:`_exp_rows`); larger groups call the cores' samplers on the snapped data, with the
+  core's very draws.
 - *draw_index* (:mod:`dpq_spark.core.grid`) draws from short weight lists in plain Python, with
   the same draws as before (this speeds up the per-group core mechanisms too).
 
-Branches on private data. Which path a group takes (enumeration or the core's JointExp sampler;
-Python lists or the core's objects for IndExp and ApproxQuantiles) depends on its size, which is
-private; every path samples the same distribution. The list paths make the core's very draws from
-the same float64 numbers. For JointExp both paths sample the exponential mechanism over grid
+Branches on private data. Which path a group takes (batched enumeration, per-group enumeration or
+the core's JointExp sampler; batched draws or the core's objects for IndExp and ApproxQuantiles)
+depends on its size, which is private; every path samples the same distribution: the batched
+IndExp and ApproxQuantiles draws use the core's cells and log-weights and are exact for those
+float64 weights, as the core's are. For JointExp both paths sample the exponential mechanism over grid
 tuples from float64 weights with exact draws: the enumerated log-weight of a sequence takes at
 most ``6 m + 6`` correctly rounded operations (differences, absolute values, logs, sums) on
 numbers of magnitude at most ``M = 3 c n + m log(N + m) + 800`` (absolute error below the
 ``gamma = 16 m 2**-52 M`` of
-:mod:`dpq_spark.core.joint_exp`, "Guarantee as implemented"), one :func:`draw_index` picks the
-sequence and the multisets are exact, so each output's probability is within ``exp(theta)`` of
-the exact mechanism's, with the core's ``theta``; the core's sampler is within ``exp(theta)`` of
+:mod:`dpq_spark.core.joint_exp`, "Guarantee as implemented"), one exact draw
+(:func:`draw_index` or :func:`~dpq_spark.core.grid.draw_index_rows`) picks the sequence and the
+multisets are exact, so each output's probability is within ``exp(theta)`` of the exact mechanism's, with the core's ``theta``; the core's sampler is within ``exp(theta)`` of
 its band-pruned target, ``2**-60`` in total variation from the exact mechanism. Whichever path a
 dataset and its neighbour take, the release is therefore ``(epsilon + eta, delta)``-DP with the
 core's ``eta = 2 theta`` and ``delta`` (the guarantee stated for :func:`~dpq_spark.core.joint_exp`).
@@ -66,7 +73,6 @@ per-key reproducibility of the Spark layer (``_group_rng``) is not kept; product
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
 import math
@@ -100,7 +106,7 @@ _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", "histogram")  # coarse_cel
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
 ENUMERATE_MAX = 4096
-_SMALL_POINTS = 64  # IndExp / ApproxQuantiles groups with at most this many rows use Python lists
+_SMALL_POINTS = 64  # IndExp / ApproxQuantiles groups with at most this many rows draw together
 _CHUNK_NODES = 1 << 21  # AggTree: about this many node counts per chunk of groups (16 MiB each)
 
 
@@ -210,7 +216,7 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         if np.any(x != np.floor(x)) or np.any(x < 0) or np.any(x > grid.steps):
             raise DPQValueError(f"`groups` must hold grid indices in [0, {grid.steps}] with grid_indices=True")
         snapped = x.astype(np.int64)
-        x = grid.value(snapped)
+        x = None  # their grid values, computed below if a mechanism needs them
     else:
         snapped = None
     source = resolve_rng(rng)
@@ -239,6 +245,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         coarse = coarse_x is not None and name in _COARSE_MECHANISMS
         if name in ("agg_tree", "histogram"):  # the histogram is a one-level tree
             shape = (b, h) if name == "agg_tree" else (HISTOGRAM_BINS, 1)
+            if x is None and not coarse:
+                x = grid.value(snapped)
             values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,
                                          mech_eps, grid, relation, *shape, source)
             continue
@@ -251,22 +259,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
                                                       bounds, members, q, mech_eps, relation,
                                                       grid.size - 1, source))
             continue
-        for g in members:
-            lo, hi = int(bounds[g]), int(bounds[g + 1])
-            k, c = (coarse_k if coarse else snapped)[lo:hi], counts[lo:hi]
-            if k.size > _SMALL_POINTS:
-                data = sort_data(k, c, 0, grid.size - 1)
-                if name == "ind_exp":
-                    idx = _ind_exp(data, q, mech_eps, relation, grid.size, source)
-                else:
-                    idx = _approx_sample(data, grid.size - 1, q, mech_eps, relation, source)
-            else:
-                points, mult = _distinct(k, c)
-                if name == "ind_exp":
-                    idx = _ind_exp_small(points, mult, q, mech_eps, relation, grid.size, source)
-                else:
-                    idx = _approx_small(points, mult, q, mech_eps, relation, grid.size - 1, source)
-            values[g] = grid.value(idx)
+        values[members] = grid.value(_ind_exp_many(snapped, counts, bounds, members, q, mech_eps,
+                                                   relation, grid.size, source))  # ind_exp
     return BatchRelease(values, names)
 
 
@@ -386,17 +380,20 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
 
 
 def _distinct_rows(k, counts, bounds, members, D):
-    """Each group's distinct sorted grid indices and multiplicities (zero counts dropped), as
-    padded rows for the groups with at most ``D`` of them.
+    """The distinct sorted grid indices and multiplicities (zero counts dropped) of the groups
+    of at most ``D`` rows, as padded rows.
 
     Returns ``(pick, pts, mul, d, rest)``: the positions in ``members`` of those groups, their
     points and multiplicities (shape ``(len(pick), D)``, zero-padded), their numbers of points,
-    and the positions of the other groups.
+    and the positions of the other groups (more than ``D`` rows: the callers' per-group path,
+    which samples the same distribution).
     """
-    G = members.size
     sizes = bounds[members + 1] - bounds[members]
-    local = np.repeat(np.arange(G), sizes)
-    rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[members], sizes)
+    small = sizes <= D
+    pick, rest = np.flatnonzero(small), np.flatnonzero(~small)
+    sizes, starts = sizes[pick], bounds[members[pick]]
+    local = np.repeat(np.arange(pick.size), sizes)
+    rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(starts, sizes)
     kk, cc = k[rows], counts[rows]
     live = cc > 0
     local, kk, cc = local[live], kk[live], cc[live]
@@ -406,17 +403,13 @@ def _distinct_rows(k, counts, bounds, members, D):
         else np.zeros(0, dtype=np.int64)
     dg, distinct = local[first], kk[first]
     mult = np.add.reduceat(cc, first) if first.size else np.zeros(0, dtype=np.int64)
-    d = np.bincount(dg, minlength=G)
-    few = d <= D
-    pick = np.flatnonzero(few)
+    d = np.bincount(dg, minlength=pick.size)
     col = np.arange(dg.size) - (np.cumsum(d) - d)[dg]
-    sel = few[dg]
-    where = np.searchsorted(pick, dg[sel])
     pts = np.zeros((pick.size, D), dtype=np.int64)
     mul = np.zeros((pick.size, D), dtype=np.int64)
-    pts[where, col[sel]] = distinct[sel]
-    mul[where, col[sel]] = mult[sel]
-    return pick, pts, mul, d[pick], np.flatnonzero(~few)
+    pts[dg, col] = distinct
+    mul[dg, col] = mult
+    return pick, pts, mul, d, rest
 
 
 def _enumerate_cells(pts, mul, d, q, c, size, source):
@@ -500,80 +493,24 @@ def _ind_exp(data, q, eps, relation, size, source) -> np.ndarray:
     return np.sort(np.array(out, dtype=np.int64))
 
 
-# --------------------------------------------------------------------------------------------
-# Few points: IndExp and ApproxQuantiles on Python lists
-#
-# The same cells (GridCells.of), the same float64 log-weights (the same numpy expression), the
-# same draws in the same order as the core, without SortedData/GridCells objects: a seeded
-# generator gives the core's very outputs (tested).
-
-
-def _distinct(k, counts) -> tuple[list, list]:
-    """Distinct grid indices (sorted) and their multiplicities, zero counts dropped."""
-    keep = counts > 0
-    points, inverse = np.unique(k[keep], return_inverse=True)
-    mult = np.bincount(inverse, weights=counts[keep], minlength=points.size).astype(np.int64)
-    return points.tolist(), mult.tolist()
-
-
-def _cells(points, mult, first, stop):
-    """``GridCells.of`` on lists: starts, widths and mid-ranks of the cells, and n."""
-    if not points:
-        return [first], [stop - first], [0.0], 0
-    starts, widths, ranks = [first], [points[0] - first], [0.0]
-    below = 0
-    for i, (p, t) in enumerate(zip(points, mult)):
-        nxt = points[i + 1] if i + 1 < len(points) else stop
-        single = t == 1
-        starts += [p, p + 1]
-        widths += [nxt - p if single else 1, 0 if single else nxt - p - 1]
-        ranks += [below + (t + 1) / 2.0, float(below + t)]
-        below += t
-    keep = [i for i, w in enumerate(widths) if w > 0]
-    return [starts[i] for i in keep], [widths[i] for i in keep], [ranks[i] for i in keep], below
-
-
-def _draw_cell(cells, q, epsilon, sensitivity, source) -> int:
-    """``GridCells.sample``: one exponential-mechanism draw, a grid index."""
-    start, width, rank, n = cells
-    if len(width) == 1:
-        return start[0] + source.below(width[0])
-    scale = epsilon / (2.0 * sensitivity)
-    log_w = np.log(np.array(width, dtype=np.float64)) - scale * np.abs(np.array(rank) - q * n)
-    r = draw_index(log_w, source)
-    return start[r] + source.below(width[r])
-
-
-def _ind_exp_small(points, mult, q, eps, relation, size, source) -> np.ndarray:
-    cells = _cells(points, mult, 0, size)
-    each = eps / q.size
-    out = [_draw_cell(cells, float(v), each, single_quantile_sensitivity(float(v), relation), source)
-           for v in q]
-    return np.sort(np.array(out, dtype=np.int64))
-
-
-def _approx_small(points, mult, q, eps, relation, top, source) -> np.ndarray:
-    """The recursion of ``approx_quantiles._sample_indices`` on lists (same order of draws)."""
-    m = q.size
-    eps_level = eps / recursion_depth(m)
-    out = np.empty(m, dtype=np.int64)
-    stack = [(points, mult, 0, top, q, np.arange(m), True)]
-    while stack:
-        pts, mul, lo, hi, qs, slots, is_top = stack.pop()
-        mid = qs.size // 2
-        q_star = float(qs[mid])
-        delta_u = _approx_sensitivity(q_star, relation, is_top)
-        v = _draw_cell(_cells(pts, mul, lo, hi + 1), q_star, eps_level, delta_u, source)
-        out[slots[mid]] = v
-        cut_left = bisect.bisect_left(pts, v)  # points < v go left, points >= v right
-        if mid > 0:
-            stack.append((pts[:cut_left], mul[:cut_left], lo, v, qs[:mid] / q_star, slots[:mid], False))
-        if mid + 1 < qs.size:
-            cut_right = bisect.bisect_right(pts, hi)
-            right_q = (qs[mid + 1:] - q_star) / (1.0 - q_star)
-            stack.append((pts[cut_left:cut_right], mul[cut_left:cut_right], v, hi, right_q,
-                          slots[mid + 1:], False))
-    return np.sort(out)
+def _ind_exp_many(k, counts, bounds, members, q, eps, relation, size, source) -> np.ndarray:
+    """IndExp grid indices for the groups ``members`` (shape ``(len(members), m)``): groups with
+    at most ``_SMALL_POINTS`` distinct points draw each quantile for all of them at once
+    (:func:`_exp_rows`, ``eps / m`` each), larger groups run the core's sampler one at a time."""
+    out = np.empty((members.size, q.size), dtype=np.int64)
+    pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
+    if pick.size:
+        zeros = np.zeros(pick.size, dtype=np.int64)
+        stop = np.full(pick.size, size, dtype=np.int64)
+        each = eps / q.size
+        draws = [_exp_rows(pts, mul, zeros, d.astype(np.int64), zeros, stop, float(v), each,
+                           single_quantile_sensitivity(float(v), relation), source) for v in q]
+        out[pick] = np.sort(np.stack(draws, axis=1), axis=1)
+    for g in rest.tolist():
+        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+        out[g] = _ind_exp(sort_data(k[lo:hi], counts[lo:hi], 0, size - 1), q, eps, relation, size,
+                          source)
+    return out
 
 
 def _approx_many(k, counts, bounds, members, q, eps, relation, top, source) -> np.ndarray:
@@ -626,7 +563,7 @@ def _approx_rows(pts, mul, d, q, eps, relation, top, source) -> np.ndarray:
 
 
 def _exp_rows(pts, mul, a, b, first, stop, q, epsilon, sensitivity, source) -> np.ndarray:
-    """``GridCells.sample`` (:func:`_draw_cell`) for every row at once: row g's data are the
+    """``GridCells.sample`` of :mod:`dpq_spark.core.single_quantile` for every row at once: row g's data are the
     points ``pts[g, a_g:b_g]`` (sorted, distinct, multiplicities ``mul``), its grid points
     ``first_g .. stop_g - 1``; one exponential-mechanism draw of a grid index per row, from the
     same cells and the same log-weight expression, sampled exactly

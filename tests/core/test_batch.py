@@ -242,21 +242,23 @@ def test_single_quantile_mechanisms_match_the_core(mechanism, fn, name, relation
     assert _two_sample_pvalue(batch, core, *group) > ALPHA
 
 
-def test_approx_quantiles_interleaved_groups_follow_the_core_at_nine_deciles():
-    """Small ApproxQuantiles groups run the recursion together, node by node: with nine
-    deciles (four levels of splits), ties, a zero count, values on and beyond the bounds (and
-    infinite), interleaved with another group and an empty one, each group's draws follow the
-    core's law; the same check rejects one group's draws judged against the other's."""
+@pytest.mark.parametrize("mechanism, fn", [("approx_quantiles", approx_quantiles), ("ind_exp", ind_exp)])
+def test_small_groups_drawn_together_follow_the_core_at_nine_deciles(mechanism, fn):
+    """Small ApproxQuantiles and IndExp groups draw together (ApproxQuantiles node by node of its
+    recursion, four levels at nine deciles; IndExp quantile by quantile): with ties, a zero
+    count, values on and beyond the bounds (and infinite), interleaved with another group and
+    an empty one, each group's draws follow the core's law; the same check rejects one group's
+    draws judged against the other's."""
     odd = (np.array([0.0, 2.5, 2.5, 10.0, 11.0, -np.inf]), np.array([1, 2, 0, 1, 1, 1]))
     groups = [odd, GROUPS["three"], GROUPS["empty"]]
     deciles = np.arange(1, 10) / 10
     out = release_many(groups * 1500, deciles, epsilon=4.0, lower=LOWER, upper=UPPER,
-                       mechanism="approx_quantiles", rng=np.random.default_rng(53)).values
+                       mechanism=mechanism, rng=np.random.default_rng(53)).values
     cores = []
     for i, (values, counts) in enumerate(groups[:2]):
         rng = np.random.default_rng(60 + i)
-        core = np.array([approx_quantiles(values, deciles, epsilon=4.0, lower=LOWER, upper=UPPER,
-                                          counts=counts, rng=rng) for _ in range(1500)])
+        core = np.array([fn(values, deciles, epsilon=4.0, lower=LOWER, upper=UPPER,
+                            counts=counts, rng=rng) for _ in range(1500)])
         cores.append(core)
         assert _two_sample_pvalue(out[i::3], core, values, counts) > ALPHA
     assert _two_sample_pvalue(out[0::3], cores[1], *GROUPS["three"]) < ALPHA
@@ -570,26 +572,6 @@ def test_validation_draws_nothing_and_echoes_no_data():
 # seeded equality where the batch makes the core's very draws
 
 
-@pytest.mark.parametrize("mechanism, fn", [("ind_exp", ind_exp)])
-def test_small_group_paths_reproduce_the_core_draw_for_draw(mechanism, fn):
-    """IndExp on a few points (Python lists) makes the core's draws in the core's order from the
-    same float weights: one group with a seeded generator gives the core's output. Ties, zero
-    counts, values on and beyond the bounds included. (ApproxQuantiles runs all small groups
-    together, with other draws: its law is checked against the core below.)"""
-    rng = np.random.default_rng(5)
-    for seed in range(60):
-        n = seed % 8
-        x = rng.choice([1.0, 2.5, 2.5, 7.0, 9.99, 0.0, 10.0, 4.2, -np.inf, 11.0], n)
-        c = rng.integers(0, 3, n)
-        q = np.sort(rng.choice(np.arange(1, 20) / 20, 1 + seed % 9, replace=False))
-        for relation in ("add_remove", "swap"):
-            want = fn(x, q, epsilon=2.0, lower=LOWER, upper=UPPER, neighboring=relation, counts=c,
-                      rng=np.random.default_rng(seed))
-            got = release_many([(x, c)], q, epsilon=2.0, lower=LOWER, upper=UPPER, neighboring=relation,
-                               mechanism=mechanism, rng=np.random.default_rng(seed)).values[0]
-            assert np.array_equal(got, want)
-
-
 @pytest.mark.parametrize("relation", ["add_remove", "swap"])
 def test_agg_tree_without_noise_equals_the_core(relation):
     """At epsilon = 1e9 every noisy count equals the exact one (the noise is 0 but with
@@ -629,12 +611,11 @@ def test_grid_indices_are_checked():
 @pytest.mark.parametrize("mechanism, fn", [("ind_exp", ind_exp), ("approx_quantiles", approx_quantiles),
                                            ("joint_exp", joint_exp)])
 def test_larger_groups_and_values_off_the_bounds_reproduce_the_core(mechanism, fn):
-    """Groups beyond the small paths (over 64 rows, over 64 distinct points for ApproxQuantiles;
-    JointExp beyond enumeration) run the core's samplers with the core's draws; values outside
+    """Groups beyond the small paths (over 64 rows; JointExp beyond enumeration) run the core's samplers with the core's draws; values outside
     the bounds, also infinite, are clamped."""
     rng = np.random.default_rng(43)
     q = np.arange(1, 10) / 10
-    sizes = (150, 300) if mechanism == "approx_quantiles" else (20, 70, 150)
+    sizes = (70, 150) if mechanism != "joint_exp" else (20, 70, 150)
     for seed, size in enumerate(sizes):
         x = np.concatenate((rng.normal(5, 3, size), [-np.inf, np.inf, -3.0, 12.0]))
         c = rng.integers(0, 3, x.size)
