@@ -94,7 +94,7 @@ from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mech
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.grid import Grid, draw_index, draw_index_rows, uniform_multiset, uniform_multisets
 from dpq_spark.core.joint_exp import _grid_cells
-from dpq_spark.core.joint_exp import _sample_indices as _joint_sample
+from dpq_spark.core.joint_exp import _sample_cells as _joint_sample
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
 from dpq_spark.core.single_quantile import GridCells
 
@@ -322,10 +322,11 @@ def _sequences(K: int, m: int):
 def _joint_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
     """One JointExp draw (m sorted grid indices) for one group's grid indices ``k``."""
     c = eps / (2.0 * joint_exp_sensitivity(q, relation))
-    start, width, _, pos, n = _grid_cells(k, counts, size)
+    cells = _grid_cells(k, counts, size)
+    start, width, _, pos, n = cells
     m = q.size
     if math.comb(width.size + m - 1, m) > ENUMERATE_MAX:
-        return _joint_sample(k, counts, q, c, size, source)[0]
+        return _joint_sample(cells, q, c, size, source)[0]
     seqs, before, log_place = _sequences(int(width.size), m)
     targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
     ranks = pos[seqs]

@@ -712,7 +712,13 @@ def _sample_indices(idx, counts, q, c, size, source, draws=1):
 
     ``idx`` are grid indices in ``[0, size)`` (validated), ``counts`` their multiplicities or None.
     """
-    start, width, log_width, pos, n = _grid_cells(idx, counts, size)
+    return _sample_cells(_grid_cells(idx, counts, size), q, c, size, source, draws)
+
+
+def _sample_cells(cells, q, c, size, source, draws=1):
+    """:func:`_sample_indices` from the data's cells, ``cells = _grid_cells(idx, counts, size)``
+    (for a caller that has built them already)."""
+    start, width, log_width, pos, n = cells
     m = q.size
     lo, hi = _bands(start, width, log_width, pos, n, q, c, size)
     fw = _Forward(width, log_width, pos, n, q, c, lo, hi)

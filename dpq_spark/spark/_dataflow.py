@@ -40,6 +40,7 @@ __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "boun
 
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
+_CODE_SCHEMA = T.StructType([T.StructField(CODE, T.LongType(), True)])
 _RAND = "__dpq_rand"
 _KEPT = "__dpq_kept"
 _COARSE = "__dpq_coarse"
@@ -218,7 +219,10 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFra
     """Grouped path with public keys: one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k
     the grid index; the caller refuses more than 2**30 keys so it fits) or without bounds
     ``GID * resolution + bucket``; hash partitioned by ``GID`` (one shuffle); only ``CODE``
-    travels to Python."""
+    travels to Python. The frame carries its schema (``DataFrame.to``), so that a Spark Connect
+    client need not ask the server for it: ``mapInArrow`` reads the input's columns, which
+    would otherwise cost an analysis round trip of the whole plan."""
     span = CODE_SPAN if lower is not None else resolution
     code = F.col(GID).cast("long") * F.lit(span).cast("long") + value_cell(lower, upper, resolution)
-    return rows.select(F.col(GID), code.alias(CODE)).repartition(GID).select(CODE)
+    codes = rows.select(F.col(GID), code.alias(CODE)).repartition(GID).select(CODE)
+    return codes.to(_CODE_SCHEMA)

@@ -514,3 +514,29 @@ def test_continuous_data_keeps_its_accuracy():
     gen = np.random.default_rng(5)
     errs = [mean_abs_error(gen.normal(0.0, 5.0, 1000), -100.0, 100.0, 1, seed=s) for s in range(30)]
     assert np.mean(errs) < 0.11
+
+
+def test_batch_joint_exp_draws_the_core_sampler_draw_for_draw():
+    """``release_many`` builds a large group's cells once and hands them to the sampler
+    (``_sample_cells``); on 300 seeded groups beyond enumeration (ties, zero counts, indices at
+    both ends of the grid, m from 3 to 12, both relations) every draw equals
+    :func:`joint_exp_indices` on the same indices with the same seed."""
+    from dpq_spark.core.batch import release_many
+
+    grid = Grid(-50.0, 50.0)
+    gen = np.random.default_rng(2024)
+    for case in range(300):
+        size = int(gen.integers(60, 3000))
+        k = grid.snap(gen.normal(0.0, float(gen.choice([0.001, 1.0, 30.0])), size))
+        k[: int(gen.integers(0, 3))] = 0
+        counts = gen.integers(0, 4, size)
+        m = int(gen.integers(3, 13))
+        q = np.sort(gen.choice(np.arange(1, 100), m, replace=False)) / 100
+        eps = float(gen.choice([0.1, 1.0, 10.0]))
+        relation = ["add_remove", "swap"][case % 2]
+        want = joint_exp_indices(k, counts, grid.size, q, epsilon=eps, neighboring=relation,
+                                 rng=np.random.default_rng(case))
+        got = release_many([(k, counts)], q, epsilon=eps, lower=-50.0, upper=50.0,
+                           neighboring=relation, mechanism="joint_exp", grid_indices=True,
+                           rng=np.random.default_rng(case)).values[0]
+        assert np.array_equal(got, grid.value(want)), case
