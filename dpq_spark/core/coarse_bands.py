@@ -3,15 +3,23 @@
 The Spark path of ``dp_quantiles`` hands JointExp each group's data on the default grid of
 :class:`~dpq_spark.core.grid.Grid` ``(lower, upper)``: points ``k = 0..N``, ``N = 2**32``, a value
 going to ``k = clip(floor((x - lower) / g + 0.5), 0, N)`` (``Grid.snap``, which Spark computes
-with the same float64 steps). A group whose distinct indices do not fit the worker's memory budget
-is kept as counts per *coarse cell* ``C = k >> 12`` (4,096 grid points each; cell ``2**20`` holds
-only ``k = N``), and its fine indices are re-read only for the cells :func:`reachable` keeps.
+with the same float64 steps). Data is first counted per *coarse cell* ``C = k >> s`` (``2**s``
+grid points each; cell ``N >> s`` holds only ``k = N``), and its fine indices
+are re-read only for the cells :func:`reachable` keeps. The shift ``s`` is public and fixed in
+advance (every function here takes it as ``shift``): ``s = 12`` (4,096 grid points a cell,
+``2**20`` cells) for a group whose distinct indices do not fit a worker's memory budget, and
+``s = 16`` (65,536 grid points a cell, ``2**16`` cells) for the ungrouped Spark path's first pass.
 
 The represented data ``Y``
 --------------------------
 ``Y`` is the fine data ``X`` in kept cells, and every point of a pruned cell moved to the cell's
-left edge ``4096 C`` (:func:`represent`). JointExp then runs on ``Y``, exactly as the core's
+left edge ``2**s C`` (:func:`represent`). JointExp then runs on ``Y``, exactly as the core's
 :func:`~dpq_spark.core.joint_exp.joint_exp_indices` samples it.
+
+Nothing below uses the cell width: a cell is any run of consecutive grid points (its width
+enters only through the grid points it covers, counted in ``|B_j|`` and ``w``), so the argument
+holds word for word for every shift ``s`` (indeed for any public partition of the grid into
+runs).
 
 Why this is JointExp on ``X`` to within total variation ``2**-59``
 ------------------------------------------------------------------
@@ -74,38 +82,40 @@ __all__ = ["FINE_STEPS", "COARSE_SHIFT", "coarse_of", "coarse_midpoints", "reach
            "represent", "log_box_bound", "BAND_LOG_TOL"]
 
 FINE_STEPS = 2**32  # N of the default Grid(lower, upper)
-COARSE_SHIFT = 12  # coarse cell C = k >> 12: 4,096 grid points (cell 2**20 is k = N alone)
-_SPAN = 1 << COARSE_SHIFT
+COARSE_SHIFT = 12  # default coarse cell C = k >> 12: 4,096 grid points (cell 2**20 is k = N alone)
 #: ``-log(tol)`` of (c) in the module docstring
 BAND_LOG_TOL = 60 * math.log(2.0)
 
 
-def coarse_of(k) -> np.ndarray:
-    """Coarse cell of grid indices: ``k >> 12``."""
-    return np.asarray(k, dtype=np.int64) >> COARSE_SHIFT
+def coarse_of(k, shift: int = COARSE_SHIFT) -> np.ndarray:
+    """Coarse cell of grid indices: ``k >> shift``."""
+    return np.asarray(k, dtype=np.int64) >> shift
 
 
-def coarse_midpoints(cells, steps: int = FINE_STEPS) -> np.ndarray:
-    """A data-independent representative grid index of each coarse cell: ``4096 C + 2048``
-    (at most ``steps``)."""
-    return np.minimum(np.asarray(cells, dtype=np.int64) * _SPAN + _SPAN // 2, steps)
+def coarse_midpoints(cells, steps: int = FINE_STEPS, shift: int = COARSE_SHIFT) -> np.ndarray:
+    """A data-independent representative grid index of each coarse cell: ``2**shift C +
+    2**(shift - 1)`` (at most ``steps``)."""
+    span = 1 << shift
+    return np.minimum(np.asarray(cells, dtype=np.int64) * span + span // 2, steps)
 
 
-def _cell_bounds(cells, steps):
-    left = cells * _SPAN
-    right = np.minimum((cells + 1) * _SPAN, steps + 1)  # exclusive
+def _cell_bounds(cells, steps, shift):
+    span = 1 << shift
+    left = cells * span
+    right = np.minimum((cells + 1) * span, steps + 1)  # exclusive
     return left, right
 
 
 def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
-              log_tol: float = BAND_LOG_TOL) -> np.ndarray:
+              log_tol: float = BAND_LOG_TOL, shift: int = COARSE_SHIFT) -> np.ndarray:
     """Boolean mask over the sorted distinct non-empty coarse ``cells``: True where JointExp can
     reach (module docstring, (c) and (d)).
 
     ``counts`` are the cells' exact row counts (> 0), ``c = epsilon / (2 Delta)`` of the
-    mechanism that will run, ``steps`` the grid's N. ``log_tol`` is ``-log(tol)``, the
-    pruned-mass tolerance (tests pass a wrong one to show the check has power). Without a lower
-    bound on the normaliser every cell is kept.
+    mechanism that will run, ``steps`` the grid's N, ``shift`` the cells' width ``2**shift``
+    in grid points. ``log_tol`` is ``-log(tol)``, the pruned-mass tolerance (tests pass a wrong
+    one to show the check has power). Without a lower bound on the normaliser every cell is
+    kept.
     """
     cells = np.asarray(cells, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
@@ -116,7 +126,7 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     lo = hi - counts
     n = float(hi[-1])
     target = q * n
-    log_low = log_box_bound(cells, lo, hi, n, target, c, steps)
+    log_low = log_box_bound(cells, lo, hi, n, target, c, steps, shift)
     if log_low is None:
         return np.ones(cells.size, dtype=bool)
     m = q.size
@@ -136,11 +146,11 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     return (idx >= 0) & (run_end[np.maximum(idx, 0)] >= lo)
 
 
-def log_box_bound(cells, lo, hi, n, target, c, steps=FINE_STEPS):
+def log_box_bound(cells, lo, hi, n, target, c, steps=FINE_STEPS, shift=COARSE_SHIFT):
     """log of the lower bound ``L`` of (d) in the module docstring, or None when some target
     has no box."""
     m = target.size
-    left, right = _cell_bounds(cells, steps)
+    left, right = _cell_bounds(cells, steps, shift)
     K = cells.size
     # Pieces in grid order: empty run before cell 0, cell 0, empty run, ..., cell K-1, empty run.
     start = np.empty(2 * K + 1, dtype=np.float64)
@@ -178,15 +188,15 @@ def log_box_bound(cells, lo, hi, n, target, c, steps=FINE_STEPS):
     return float(best.sum())
 
 
-def represent(kept_k, kept_counts, cells, counts, keep):
+def represent(kept_k, kept_counts, cells, counts, keep, shift: int = COARSE_SHIFT):
     """The represented data ``Y``: sorted distinct grid indices and their counts.
 
     ``kept_k``/``kept_counts`` are the fine counts of the kept cells; every pruned cell
-    (``~keep``) adds its whole count at its left edge ``4096 C``.
+    (``~keep``) adds its whole count at its left edge ``2**shift C``.
     """
     pruned = ~np.asarray(keep, dtype=bool)
     k = np.concatenate([np.asarray(kept_k, dtype=np.int64),
-                        np.asarray(cells, dtype=np.int64)[pruned] * _SPAN])
+                        np.asarray(cells, dtype=np.int64)[pruned] << shift])
     w = np.concatenate([np.asarray(kept_counts, dtype=np.int64),
                         np.asarray(counts, dtype=np.int64)[pruned]])
     if k.size == 0:

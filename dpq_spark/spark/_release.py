@@ -443,8 +443,10 @@ def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.nda
     return grid.value(out)
 
 
-def band_keep(name, cells, counts, epsilon, params: ReleaseParams) -> np.ndarray:
-    """The coarse cells a spilled group must bring at full precision for mechanism ``name``.
+def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
+              shift: int = COARSE_SHIFT) -> np.ndarray:
+    """The coarse cells (``k >> shift``) a spilled group must bring at full precision for
+    mechanism ``name``.
 
     JointExp: :func:`~dpq_spark.core.coarse_bands.reachable` at ``c = epsilon / (2 Delta)``.
     IndExp: each quantile's draw is JointExp with m = 1 at half its ``c`` (weight
@@ -457,11 +459,11 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams) -> np.ndarray
     steps = _grid(params).steps
     if name == "joint_exp":
         return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
-                         steps)
+                         steps, shift=shift)
     keep = np.zeros(len(cells), dtype=bool)
     for qj in q:
         c = (epsilon / q.size) / (2.0 * single_quantile_sensitivity(float(qj), relation)) / 2.0
-        keep |= reachable(cells, counts, [qj], c, steps)
+        keep |= reachable(cells, counts, [qj], c, steps, shift=shift)
     return keep
 
 

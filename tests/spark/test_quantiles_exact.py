@@ -125,21 +125,22 @@ def test_auto_release_equals_core_auto_with_same_seed(spark):
             np.testing.assert_array_equal(part["value"].to_numpy(), np.asarray(want), err_msg=name)
 
 
-def _represented(x, mechanism="joint_exp"):
-    """The represented data of a spilled group, computed here from the raw values (epsilon 1,
-    add/remove, Q). IndExp's band: the union over quantiles of m = 1 bands at half the
-    single-quantile c = (1/3) / (2 max(q, 1 - q))."""
+def _represented(x, mechanism="joint_exp", shift=cb.COARSE_SHIFT):
+    """The represented data of a spilled group (cells ``k >> shift``), computed here from the
+    raw values (epsilon 1, add/remove, Q). IndExp's band: the union over quantiles of m = 1
+    bands at half the single-quantile c = (1/3) / (2 max(q, 1 - q))."""
     k = GRID.snap(x)
     fine_k, fine_w = np.unique(k, return_counts=True)
-    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k, shift), return_counts=True)
     if mechanism == "joint_exp":
-        keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), GRID.steps)
+        keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), GRID.steps, shift=shift)
     else:
         keep = np.zeros(cells.size, dtype=bool)
         for q in Q:
-            keep |= cb.reachable(cells, counts, [q], (1 / 3) / (2 * max(q, 1 - q)) / 2, GRID.steps)
-    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
-    return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep), keep
+            keep |= cb.reachable(cells, counts, [q], (1 / 3) / (2 * max(q, 1 - q)) / 2,
+                                 GRID.steps, shift=shift)
+    kept = np.isin(cb.coarse_of(fine_k, shift), cells[keep])
+    return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep, shift), keep
 
 
 @pytest.mark.parametrize("mechanism", ["joint_exp", "ind_exp"])
@@ -193,7 +194,7 @@ def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_
     out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
                        mechanism="joint_exp", rng=np.random.default_rng(3)).toPandas()
     _, base = _group_rngs(spark, 3, [])
-    (k, w), keep = _represented(x)
+    (k, w), keep = _represented(x, shift=quantiles.GLOBAL_SHIFT)
     assert not keep.all()
     want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
@@ -256,16 +257,85 @@ def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark)
     assert kept(rows, True) != kept(shuffled, True)
 
 
-@pytest.mark.parametrize("isin_cells", [1 << 16, 0])
-def test_global_many_ranges_and_range_cover(spark, monkeypatch, isin_cells):
-    """20 quantiles of a spread-out sample: pass 2 filters the kept coarse cells (a set lookup,
-    or with the limit at 0 many ranges in an OR tree); the release is the core's JointExp on the
-    represented data either way. The ranges cover every kept cell and no pruned one."""
+def _narrow_band(half):
+    """A deliberately wrong band_keep for power: keep only the cells whose rank range meets
+    ``[P_j - half, P_j + half]`` (the right band is hundreds of ranks wide here)."""
+    def band_keep(name, cells, counts, epsilon, params, shift):
+        hi = np.cumsum(counts).astype(float)
+        lo = hi - counts
+        target = np.asarray(params.quantiles) * hi[-1]
+        return ((lo[:, None] <= target[None, :] + half)
+                & (hi[:, None] >= target[None, :] - half)).any(axis=1)
+    return band_keep
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_global_release_is_the_core_joint_exp_on_the_raw_values(spark, monkeypatch, wrong):
+    """No group_by, data over some 2,500 coarse cells of 65,536 grid points, the band prunes
+    most of them: each seeded release equals the core's ``joint_exp`` on the raw values with
+    the same generator (the pruned cells carry mass below 2**-60, so the draws line up). Power:
+    a band of +-10 ranks (too narrow: it prunes cells JointExp does reach) changes the draws."""
     from dpq_spark.spark import quantiles
-    from dpq_spark.spark.quantiles import _ranges
 
-    monkeypatch.setattr(quantiles, "_ISIN_CELLS", isin_cells)
+    shift = quantiles.GLOBAL_SHIFT
+    gen = np.random.default_rng(21)
+    x = np.concatenate([gen.normal(0, 1, 20_000), gen.uniform(-60, 60, 20)])
+    lo, hi = -50.0, 50.0
+    grid = Grid(lo, hi)
+    cells, counts = np.unique(cb.coarse_of(grid.snap(x), shift), return_counts=True)
+    keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), grid.steps, shift=shift)
+    assert cells.size > 1000 and 0 < keep.sum() < cells.size / 10
+    if wrong:
+        monkeypatch.setattr(_release, "band_keep", _narrow_band(10))
+    df = spark.createDataFrame(pd.DataFrame({"x": x}))
+    same = []
+    for seed in range(4):
+        out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=lo, upper=hi,
+                           mechanism="joint_exp", rng=np.random.default_rng(seed)).toPandas()
+        _, base = _group_rngs(spark, seed, [])
+        want = joint_exp(x, Q, epsilon=1.0, lower=lo, upper=hi,
+                         rng=np.random.default_rng([base, 0]))
+        same.append(np.array_equal(out["value"].to_numpy(), want))
+    assert all(same) if not wrong else not any(same)
 
+
+@pytest.mark.parametrize("mechanism", ["approx_quantiles", "agg_tree"])
+def test_global_other_mechanisms_see_4096_point_cells(spark, mechanism):
+    """Ungrouped ApproxQuantiles/AggTree get rows per cell ``k >> 12`` (a second pass after the
+    choice), as on the grouped path: the release is the core mechanism on those cells'
+    midpoints with the same seed. For ApproxQuantiles it is not the one on the pass-1 cells
+    ``k >> 16`` (AggTree's 2**16 leaves put both inputs' points in the same leaves here)."""
+    from dpq_spark.core.mechanisms import get_mechanism
+    from dpq_spark.spark import quantiles
+
+    x = grouped_data()["outliers"]
+    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": x})), "x", quantiles=Q,
+                       epsilon=1.0, lower=A, upper=B, mechanism=mechanism,
+                       rng=np.random.default_rng(5)).toPandas()
+    _, base = _group_rngs(spark, 5, [])
+    got = out["value"].to_numpy()
+
+    def core(shift):
+        cells, counts = np.unique(cb.coarse_of(GRID.snap(x), shift), return_counts=True)
+        return get_mechanism(mechanism)(
+            GRID.value(cb.coarse_midpoints(cells, GRID.steps, shift)), Q, epsilon=1.0, lower=A,
+            upper=B, counts=counts, rng=np.random.default_rng([base, 0]))
+
+    np.testing.assert_array_equal(got, core(cb.COARSE_SHIFT))
+    if mechanism == "approx_quantiles":
+        assert not np.array_equal(got, core(quantiles.GLOBAL_SHIFT))
+
+
+@pytest.mark.parametrize("isin_cells", [4096, 0])
+def test_global_many_kept_cells(spark, monkeypatch, isin_cells):
+    """20 quantiles of a spread-out sample: pass 2 filters the kept coarse cells (isin, or
+    with the limit at 0 a broadcast semi join); the release is the core's JointExp on the
+    represented data at the global shift either way."""
+    from dpq_spark.spark import _dataflow as flow
+    from dpq_spark.spark import quantiles
+
+    monkeypatch.setattr(flow, "ISIN_CELLS", isin_cells)
+    shift = quantiles.GLOBAL_SHIFT
     gen = np.random.default_rng(12)
     x = np.concatenate([1e9 + gen.normal(0, 2e7, 200_000), gen.uniform(0, 2e9, 50)])
     q = [0.025 + 0.05 * i for i in range(20)]
@@ -275,16 +345,12 @@ def test_global_many_ranges_and_range_cover(spark, monkeypatch, isin_cells):
     _, base = _group_rngs(spark, 4, [])
     k = GRID.snap(x)
     fine_k, fine_w = np.unique(k, return_counts=True)
-    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
-    keep = cb.reachable(cells, counts, q, 1.0 / (2 * 2 * (1 - 0.025)), GRID.steps)
-    ranges = _ranges(keep, cells)
-    assert not keep.all() and len(ranges) >= 10
-    inside = np.zeros(cells.size, dtype=bool)
-    for a, b in ranges:
-        inside |= (cells >= a) & (cells <= b)
-    assert np.array_equal(inside, keep)
-    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
-    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep)
+    cells, counts = np.unique(cb.coarse_of(k, shift), return_counts=True)
+    keep = cb.reachable(cells, counts, q, 1.0 / (2 * 2 * (1 - 0.025)), GRID.steps, shift=shift)
+    runs = np.flatnonzero(np.diff(np.r_[0, keep.astype(np.int8), 0])).size // 2
+    assert not keep.all() and runs >= 10
+    kept = np.isin(cb.coarse_of(fine_k, shift), cells[keep])
+    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep, shift)
     want = GRID.value(joint_exp_indices(yk, yw, GRID.size, q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
