@@ -51,10 +51,19 @@ Notation of :mod:`dpq_spark.core.joint_exp`: outputs are sorted m-tuples of grid
     their targets by ``e_j - e_{j-1}``, so ``u >= -2 sum_j d_j`` on the product of boxes and
     ``Z >= exp(-2 c sum_j d_j) prod_j |B_j| = L`` (``|B_j|`` in grid points), for X and for Y by
     (a). Without a box for some j nothing is pruned (``Y = X``).
+    A kept cell whose data is known may be cut further, into a piece per distinct data point
+    ``k`` (ranks ``[#{x < k}, #{x <= k}]``) and the runs between them (one rank each): those
+    points are the same in X and Y, so the ranks are again the same for both, and finer pieces
+    only allow more boxes (a larger ``L``, a narrower band).
 
 Hence ``|Z_X - Z_Y| <= tol L <= tol min(Z_X, Z_Y)``; on E the two densities have the same shape,
 and each gives E's complement at most ``tol``: the total variation between JointExp on X and on Y
 is below ``(tol + 2 tol) / 2 < 2**-59``.
+
+Which cells are kept may depend on the data, in any way, provided the pruned ones meet the
+test of (c) with the ``L`` actually used: the bound above holds for each data set on its own.
+:func:`settle` reads the fine data of a first guess of cells, computes ``L`` from it, and reads
+more cells until every cell its band reaches is among those read; the cells read are kept.
 
 How this folds into the guarantee. The core states that its sampler on data D draws from a
 distribution within a factor ``exp(+-theta)`` of a target ``R_D`` with ``TV(R_D, P_D) < 2**-60``
@@ -79,7 +88,7 @@ import numpy as np
 from scipy.special import gammaln
 
 __all__ = ["FINE_STEPS", "COARSE_SHIFT", "coarse_of", "coarse_midpoints", "reachable",
-           "represent", "log_box_bound", "BAND_LOG_TOL"]
+           "settle", "spread_evenly", "represent", "log_box_bound", "BAND_LOG_TOL"]
 
 FINE_STEPS = 2**32  # N of the default Grid(lower, upper)
 COARSE_SHIFT = 12  # default coarse cell C = k >> 12: 4,096 grid points (cell 2**20 is k = N alone)
@@ -107,15 +116,19 @@ def _cell_bounds(cells, steps, shift):
 
 
 def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
-              log_tol: float = BAND_LOG_TOL, shift: int = COARSE_SHIFT) -> np.ndarray:
+              log_tol: float = BAND_LOG_TOL, shift: int = COARSE_SHIFT,
+              fine=None) -> np.ndarray:
     """Boolean mask over the sorted distinct non-empty coarse ``cells``: True where JointExp can
     reach (module docstring, (c) and (d)).
 
     ``counts`` are the cells' exact row counts (> 0), ``c = epsilon / (2 Delta)`` of the
     mechanism that will run, ``steps`` the grid's N, ``shift`` the cells' width ``2**shift``
-    in grid points. ``log_tol`` is ``-log(tol)``, the pruned-mass tolerance (tests pass a wrong
-    one to show the check has power). Without a lower bound on the normaliser every cell is
-    kept.
+    in grid points. ``fine = (k, w)``, when given, is all the data of some cells (sorted
+    distinct grid indices and counts): their points become pieces of (d), which tightens
+    ``L`` (to be sound, each such cell must be kept, so that ``Y = X`` there: see
+    :func:`settle`). ``log_tol`` is ``-log(tol)``, the pruned-mass tolerance (tests pass a
+    wrong one to show the check has power). Without a lower bound on the normaliser every cell
+    is kept.
     """
     cells = np.asarray(cells, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
@@ -126,7 +139,7 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     lo = hi - counts
     n = float(hi[-1])
     target = q * n
-    log_low = log_box_bound(cells, lo, hi, n, target, c, steps, shift)
+    log_low = log_box_bound(*_items(cells, counts, steps, shift, fine), n, target, c, steps)
     if log_low is None:
         return np.ones(cells.size, dtype=bool)
     m = q.size
@@ -146,13 +159,34 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     return (idx >= 0) & (run_end[np.maximum(idx, 0)] >= lo)
 
 
-def log_box_bound(cells, lo, hi, n, target, c, steps=FINE_STEPS, shift=COARSE_SHIFT):
-    """log of the lower bound ``L`` of (d) in the module docstring, or None when some target
-    has no box."""
-    m = target.size
+def _items(cells, counts, steps, shift, fine):
+    """Disjoint runs of grid points holding all the data, in grid order, with rank ranges:
+    ``(left, right, lo, hi)`` (``right`` exclusive). A cell of ``fine`` gives one run per data
+    point ``[k, k + 1)``; any other non-empty cell is one run."""
     left, right = _cell_bounds(cells, steps, shift)
-    K = cells.size
-    # Pieces in grid order: empty run before cell 0, cell 0, empty run, ..., cell K-1, empty run.
+    counts = np.asarray(counts, dtype=np.int64)
+    if fine is not None and np.size(fine[0]):
+        k = np.asarray(fine[0], dtype=np.int64)
+        w = np.asarray(fine[1], dtype=np.int64)
+        known = np.isin(cells, coarse_of(k, shift))
+        if int(w.sum()) != int(counts[known].sum()):
+            raise ValueError("`fine` must hold all the data of its cells")
+        left = np.concatenate([left[~known], k])
+        right = np.concatenate([right[~known], k + 1])
+        counts = np.concatenate([counts[~known], w])
+        order = np.argsort(left, kind="stable")
+        left, right, counts = left[order], right[order], counts[order]
+    hi = np.cumsum(counts).astype(np.float64)
+    return left, right, hi - counts, hi
+
+
+def log_box_bound(left, right, lo, hi, n, target, c, steps=FINE_STEPS):
+    """log of the lower bound ``L`` of (d) in the module docstring, or None when some target
+    has no box. ``left``/``right`` (exclusive) are the grid runs holding data, in order, and
+    ``lo``/``hi`` their rank ranges; the runs between them hold no data."""
+    m = target.size
+    K = left.size
+    # Pieces in grid order: empty run before run 0, run 0, empty run, ..., run K-1, empty run.
     start = np.empty(2 * K + 1, dtype=np.float64)
     stop = np.empty(2 * K + 1, dtype=np.float64)
     rlo = np.empty(2 * K + 1)
@@ -186,6 +220,55 @@ def log_box_bound(cells, lo, hi, n, target, c, steps=FINE_STEPS, shift=COARSE_SH
     if not np.all(np.isfinite(best)):
         return None
     return float(best.sum())
+
+
+def settle(band, fetch, first):
+    """Kept cells and their fine data, read until the band they give needs no other cell.
+
+    ``band(fine)`` is the mask of cells the mechanism can reach given ``fine = (k, w)`` (e.g.
+    :func:`reachable` with ``fine``), ``fetch(mask)`` returns all the data of the masked cells
+    (sorted distinct grid indices and counts), ``first`` is the first mask to read (any guess:
+    it changes how many reads are made, not what is released). Returns ``(keep, k, w)``: every
+    cell ``band((k, w))`` keeps is in ``keep``, and ``(k, w)`` is all the data of ``keep``, so
+    pruning ``~keep`` is sound (module docstring). Each round reads at least one new cell.
+    """
+    first = np.asarray(first, dtype=bool)
+    keep = np.zeros(first.size, dtype=bool)
+    k = w = np.empty(0, dtype=np.int64)
+    want = first
+    while True:
+        new = want & ~keep
+        if new.any():
+            nk, nw = fetch(new)
+            k = np.concatenate([k, np.asarray(nk, dtype=np.int64)])
+            w = np.concatenate([w, np.asarray(nw, dtype=np.int64)])
+            order = np.argsort(k, kind="stable")
+            k, w = k[order], w[order]
+            keep |= new
+        want = np.asarray(band((k, w)), dtype=bool)
+        if not (want & ~keep).any():
+            return keep, k, w
+
+
+def spread_evenly(cells, counts, quantiles, steps: int = FINE_STEPS,
+                  shift: int = COARSE_SHIFT, points: int = 4096):
+    """Made-up fine data for a first guess of :func:`settle`: each cell holding a target rank
+    ``q n`` gets its rows spread evenly over at most ``points`` of its grid points. Never
+    released or used to prune: only to guess which cells to read first."""
+    cells = np.asarray(cells, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if cells.size == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    hi = np.cumsum(counts)
+    target = np.asarray(quantiles, dtype=np.float64) * hi[-1]
+    hit = np.unique(np.minimum(np.searchsorted(hi, target, side="left"), cells.size - 1))
+    left, right = _cell_bounds(cells[hit], steps, shift)
+    ks, ws = [], []
+    for a, b, t in zip(left, right, counts[hit]):
+        p = int(min(t, b - a, points))
+        ks.append(a + (np.arange(p) * (b - a)) // p)
+        ws.append(np.diff((np.arange(p + 1) * t) // p))
+    return np.concatenate(ks), np.concatenate(ws)
 
 
 def represent(kept_k, kept_counts, cells, counts, keep, shift: int = COARSE_SHIFT):

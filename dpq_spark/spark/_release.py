@@ -444,9 +444,10 @@ def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.nda
 
 
 def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
-              shift: int = COARSE_SHIFT) -> np.ndarray:
+              shift: int = COARSE_SHIFT, fine=None) -> np.ndarray:
     """The coarse cells (``k >> shift``) a spilled group must bring at full precision for
-    mechanism ``name``.
+    mechanism ``name`` (``fine``: all the data of some cells, for a tighter band; see
+    :func:`~dpq_spark.core.coarse_bands.reachable`).
 
     JointExp: :func:`~dpq_spark.core.coarse_bands.reachable` at ``c = epsilon / (2 Delta)``.
     IndExp: each quantile's draw is JointExp with m = 1 at half its ``c`` (weight
@@ -459,11 +460,11 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
     steps = _grid(params).steps
     if name == "joint_exp":
         return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
-                         steps, shift=shift)
+                         steps, shift=shift, fine=fine)
     keep = np.zeros(len(cells), dtype=bool)
     for qj in q:
         c = (epsilon / q.size) / (2.0 * single_quantile_sensitivity(float(qj), relation)) / 2.0
-        keep |= reachable(cells, counts, [qj], c, steps, shift=shift)
+        keep |= reachable(cells, counts, [qj], c, steps, shift=shift, fine=fine)
     return keep
 
 

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dpq_spark.core.coarse_bands import COARSE_SHIFT, represent
+from dpq_spark.core.coarse_bands import COARSE_SHIFT, represent, settle, spread_evenly
 from dpq_spark.spark import _compat
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark import _release
@@ -472,20 +472,26 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
         cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, COARSE_SHIFT))
         values = _release._run_coarse(name, cells, counts, source, eps, params)
     else:
-        keep = _release.band_keep(name, cells, counts, eps, params, shift=GLOBAL_SHIFT)
-        k = w = np.empty(0, dtype=np.int64)
-        if keep.any():
-            # Few rows in the reachable cells: collect their indices and count on the driver
-            # (no shuffle); else count in Spark. Both give the same counts, so the mechanism's
-            # input and the release's distribution do not depend on the branch.
-            raw = int(counts[keep].sum()) <= _RAW_PASS2_ROWS
-            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, cells[keep],
+        def band(fine):
+            return _release.band_keep(name, cells, counts, eps, params, GLOBAL_SHIFT, fine)
+
+        def fetch(mask):
+            # Few rows: collect their indices and count on the driver (no shuffle); else count
+            # in Spark. Both give the same counts, so the release does not depend on the branch.
+            raw = int(counts[mask].sum()) <= _RAW_PASS2_ROWS
+            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, cells[mask],
                                                 GLOBAL_SHIFT, aggregate=not raw))
             k = fine.column(CELL).to_numpy().astype(np.int64)
             if raw:
-                k, w = np.unique(k, return_counts=True)
-            else:
-                w = fine.column(COUNT).to_numpy().astype(np.int64)
+                return np.unique(k, return_counts=True)
+            order = np.argsort(k)
+            return k[order], fine.column(COUNT).to_numpy().astype(np.int64)[order]
+
+        # Pass 2 reads a first guess of the reachable cells (the band from rows spread evenly
+        # in the target cells); the band from the real fine data then decides, and a further
+        # pass reads any cell it reaches that was not read (settle).
+        first = band(spread_evenly(cells, counts, params.quantiles, shift=GLOBAL_SHIFT))
+        keep, k, w = settle(band, fetch, first)
         k, w = represent(k, w, cells, counts, keep, shift=GLOBAL_SHIFT)
         values = _release._run_fine(name, k, w, source, eps, params)
     m = len(params.quantiles)

@@ -182,20 +182,31 @@ def test_spill_path_on_partition_selection(spark, monkeypatch):
         assert np.abs(out.loc[out["g"] == name, "value"].to_numpy() - truth).max() < 5e4, name
 
 
-@pytest.mark.parametrize("raw_rows", [1 << 22, 0])
-def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_rows):
+@pytest.mark.parametrize("raw_rows, first_guess", [(1 << 22, True), (0, True), (1 << 22, False)])
+def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_rows,
+                                                        first_guess):
     """No group_by: pass 1 (coarse counts), pass 2 (grid indices of reachable cells, collected
-    raw or counted in Spark: the same release)."""
+    raw or counted in Spark: the same release). With the first guess replaced by one cell,
+    settle needs more passes (counted here) and the release is the same."""
     from dpq_spark.spark import quantiles
 
     monkeypatch.setattr(quantiles, "_RAW_PASS2_ROWS", raw_rows)
+    reads = []
+    if not first_guess:
+        def settle(band, fetch, first):
+            def counted(mask):
+                reads.append(int(mask.sum()))
+                return fetch(mask)
+            return cb.settle(band, counted, _one_cell(first))
+        monkeypatch.setattr(quantiles, "settle", settle)
     x = grouped_data()["outliers"]
     df = spark.createDataFrame(pd.DataFrame({"x": x}))
     out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
                        mechanism="joint_exp", rng=np.random.default_rng(3)).toPandas()
     _, base = _group_rngs(spark, 3, [])
-    (k, w), keep = _represented(x, shift=quantiles.GLOBAL_SHIFT)
+    (k, w), keep = _global_represented(x, Q, _C, guess=(lambda f: f) if first_guess else _one_cell)
     assert not keep.all()
+    assert first_guess or (len(reads) >= 2 and sum(reads) == keep.sum())
     want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
@@ -206,6 +217,33 @@ def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_
     want = auto(small, Q, epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng([base, 0]))
     assert out["mechanism"].iloc[0] == want.mechanism == "joint_exp"
     np.testing.assert_array_equal(out["value"].to_numpy(), np.asarray(want))
+
+
+def _one_cell(first):
+    """A poor first guess for settle: the first cell of ``first`` alone."""
+    one = np.zeros(first.size, dtype=bool)
+    one[np.flatnonzero(first)[0]] = True
+    return one
+
+
+def _global_represented(x, q, c, grid=GRID, guess=lambda first: first):
+    """The represented data of the ungrouped path, from the raw values: cells ``k >> 16``,
+    JointExp's band from the fine data read (coarse_bands.settle, first guess from rows spread
+    evenly, passed through ``guess``)."""
+    from dpq_spark.spark.quantiles import GLOBAL_SHIFT as shift
+
+    k = grid.snap(x)
+    cells, counts = np.unique(cb.coarse_of(k, shift), return_counts=True)
+
+    def band(fine):
+        return cb.reachable(cells, counts, q, c, grid.steps, shift=shift, fine=fine)
+
+    def fetch(mask):
+        return np.unique(k[np.isin(cb.coarse_of(k, shift), cells[mask])], return_counts=True)
+
+    first = guess(band(cb.spread_evenly(cells, counts, q, shift=shift)))
+    keep, fk, fw = cb.settle(band, fetch, first)
+    return cb.represent(fk, fw, cells, counts, keep, shift), keep
 
 
 @pytest.mark.parametrize("budget", [_release.FOLD_BUDGET, 8])
@@ -260,7 +298,7 @@ def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark)
 def _narrow_band(half):
     """A deliberately wrong band_keep for power: keep only the cells whose rank range meets
     ``[P_j - half, P_j + half]`` (the right band is hundreds of ranks wide here)."""
-    def band_keep(name, cells, counts, epsilon, params, shift):
+    def band_keep(name, cells, counts, epsilon, params, shift, fine=None):
         hi = np.cumsum(counts).astype(float)
         lo = hi - counts
         target = np.asarray(params.quantiles) * hi[-1]
@@ -332,10 +370,8 @@ def test_global_many_kept_cells(spark, monkeypatch, isin_cells):
     with the limit at 0 a broadcast semi join); the release is the core's JointExp on the
     represented data at the global shift either way."""
     from dpq_spark.spark import _dataflow as flow
-    from dpq_spark.spark import quantiles
 
     monkeypatch.setattr(flow, "ISIN_CELLS", isin_cells)
-    shift = quantiles.GLOBAL_SHIFT
     gen = np.random.default_rng(12)
     x = np.concatenate([1e9 + gen.normal(0, 2e7, 200_000), gen.uniform(0, 2e9, 50)])
     q = [0.025 + 0.05 * i for i in range(20)]
@@ -343,14 +379,9 @@ def test_global_many_kept_cells(spark, monkeypatch, isin_cells):
                        epsilon=1.0, lower=A, upper=B, mechanism="joint_exp",
                        rng=np.random.default_rng(4)).toPandas()
     _, base = _group_rngs(spark, 4, [])
-    k = GRID.snap(x)
-    fine_k, fine_w = np.unique(k, return_counts=True)
-    cells, counts = np.unique(cb.coarse_of(k, shift), return_counts=True)
-    keep = cb.reachable(cells, counts, q, 1.0 / (2 * 2 * (1 - 0.025)), GRID.steps, shift=shift)
+    (yk, yw), keep = _global_represented(x, q, 1.0 / (2 * 2 * (1 - 0.025)))
     runs = np.flatnonzero(np.diff(np.r_[0, keep.astype(np.int8), 0])).size // 2
     assert not keep.all() and runs >= 10
-    kept = np.isin(cb.coarse_of(fine_k, shift), cells[keep])
-    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep, shift)
     want = GRID.value(joint_exp_indices(yk, yw, GRID.size, q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
