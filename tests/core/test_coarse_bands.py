@@ -144,6 +144,88 @@ def test_cell_maps_at_two_shifts():
     assert yk.tolist() == [3 * 65536, N] and yw.tolist() == [5, 2]
 
 
+def _settled_mask(k, q, c, shift, log_tol=cb.BAND_LOG_TOL, first=None):
+    """keep_mask_fn for _pruned_log_fraction: the band from the fine data read (settle)."""
+    k = np.asarray(k, dtype=np.int64)
+
+    def keep_mask(cells, counts):
+        def band(fine):
+            return cb.reachable(cells, counts, q, c, N, log_tol=log_tol, shift=shift, fine=fine)
+
+        def fetch(mask):
+            return np.unique(k[np.isin(k >> shift, cells[mask])], return_counts=True)
+
+        guess = band(cb.spread_evenly(cells, counts, q, N, shift)) if first is None else first
+        return cb.settle(band, fetch, guess)[0]
+    return keep_mask
+
+
+@pytest.mark.parametrize("shift", [12, 16])
+@pytest.mark.parametrize("m, size", [(1, 1500), (2, 300)])
+def test_settled_pruning_below_tolerance_and_wrong_tolerance_fails(m, size, shift):
+    """The band whose L uses the fine data of the cells read (settle): what it prunes has exact
+    JointExp mass below 2**-60, at cells of 4,096 and 65,536 grid points; it prunes at least as
+    much as the coarse-only band, and somewhere more. With tolerance 1/2 it prunes mass above
+    2**-60 (power)."""
+    q = np.array([0.5]) if m == 1 else np.array([0.3, 0.7])
+    tighter = wrong_caught = False
+    for eps in (1.0, 4.0):
+        c = eps / (2.0 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
+        for name, k in _cases(size, shift).items():
+            frac, keep = _pruned_log_fraction(k, q, c, _settled_mask(k, q, c, shift), shift)
+            assert frac <= TOL, (name, eps, frac)
+            cells, counts = np.unique(np.asarray(k) >> shift, return_counts=True)
+            coarse = cb.reachable(cells, counts, q, c, N, shift=shift)
+            assert not (keep & ~coarse).any()
+            tighter |= bool((coarse & ~keep).any())
+            wrong, _ = _pruned_log_fraction(
+                k, q, c, _settled_mask(k, q, c, shift, log_tol=math.log(2.0)), shift)
+            wrong_caught |= wrong > TOL
+    assert tighter
+    assert wrong_caught
+
+
+def test_settle_reads_until_the_band_is_covered():
+    """From a one-cell first guess settle reads more cells (several rounds) until every cell
+    its band keeps has been read; what it returns is all the data of the kept cells, and
+    pruning at the end meets the band computed from it."""
+    gen = np.random.default_rng(3)
+    shift = 16
+    k = np.sort(np.r_[2**31 + gen.integers(0, 300 << shift, 50_000), gen.integers(0, N + 1, 30)])
+    q = np.array([0.1, 0.5, 0.9])
+    c = 1.0 / (2.0 * joint_exp_sensitivity(q, NeighboringRelation.ADD_REMOVE))
+    cells, counts = np.unique(k >> shift, return_counts=True)
+    reads = []
+
+    def band(fine):
+        return cb.reachable(cells, counts, q, c, N, shift=shift, fine=fine)
+
+    def fetch(mask):
+        reads.append(int(mask.sum()))
+        return np.unique(k[np.isin(k >> shift, cells[mask])], return_counts=True)
+
+    one = np.zeros(cells.size, dtype=bool)
+    one[cells.size // 2] = True
+    keep, fk, fw = cb.settle(band, fetch, one)
+    assert len(reads) >= 2 and sum(reads) == keep.sum() and not keep.all()
+    assert not (band((fk, fw)) & ~keep).any()
+    want_k, want_w = np.unique(k[np.isin(k >> shift, cells[keep])], return_counts=True)
+    assert fk.tolist() == want_k.tolist() and fw.tolist() == want_w.tolist()
+    # the first guess from rows spread evenly reads once here
+    reads.clear()
+    keep2, _, _ = cb.settle(band, fetch, band(cb.spread_evenly(cells, counts, q, N, shift)))
+    assert len(reads) == 1 and keep2.sum() <= keep.sum()
+
+
+def test_spread_evenly_and_incomplete_fine_data():
+    cells, counts = np.array([0, 5, 9]), np.array([3, 10_000, 2])
+    k, w = cb.spread_evenly(cells, counts, [0.5], N, 16)
+    assert w.sum() == 10_000 and np.all(w > 0) and np.all(np.diff(k) > 0)
+    assert np.all((k >> 16) == 5) and k.size == 4096
+    with pytest.raises(ValueError, match="`fine` must hold all the data of its cells"):
+        cb.reachable(cells, counts, [0.5], 1.0, N, shift=16, fine=(k[:10], w[:10]))
+
+
 def test_no_box_keeps_everything():
     # n = 0 or a single point: no box for the targets, nothing is pruned
     assert cb.reachable([], [], [0.5], 1.0).size == 0
