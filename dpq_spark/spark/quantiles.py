@@ -451,13 +451,13 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
-    """No grouping. With bounds, in two jobs: pass 1 collects rows per coarse cell ``k >>
-    GLOBAL_SHIFT`` (at most 2**16 + 1); the driver draws the noisy count and chooses
-    (``"auto"``); JointExp and IndExp then get the grid indices of their reachable coarse cells
-    (pass 2, filtered by cell) and the pruned cells at their left edges
-    (:mod:`dpq_spark.core.coarse_bands` at shift ``GLOBAL_SHIFT``); the other mechanisms get
-    rows per cell ``k >> 12`` (pass 2) at those cells' representative points, as on the grouped
-    path. Without bounds, bucket counts in one job."""
+    """No grouping. With bounds: pass 1 collects rows per coarse cell ``k >> GLOBAL_SHIFT``
+    (at most 2**16 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp
+    and IndExp then get the grid indices of their reachable coarse cells (pass 2, filtered by
+    cell; a further pass only if the band from the fine data read reaches a cell not read:
+    :func:`~dpq_spark.core.coarse_bands.settle`) and the pruned cells at their left edges; the
+    other mechanisms get rows per cell ``k >> 12`` (pass 2) at those cells' representative
+    points, as on the grouped path. Without bounds, bucket counts in one job."""
     if req.lower is None:
         counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
         pdf = to_arrow(counts).to_pandas()
