@@ -231,17 +231,18 @@ def _global_represented(x, q, c, grid=GRID, guess=lambda first: first):
     JointExp's band from the fine data read (coarse_bands.settle, first guess from rows spread
     evenly, passed through ``guess``)."""
     from dpq_spark.spark.quantiles import GLOBAL_SHIFT as shift
+    from dpq_spark.spark.quantiles import guess_log_tol
 
     k = grid.snap(x)
     cells, counts = np.unique(cb.coarse_of(k, shift), return_counts=True)
 
-    def band(fine):
-        return cb.reachable(cells, counts, q, c, grid.steps, shift=shift, fine=fine)
+    def band(fine, log_tol=cb.BAND_LOG_TOL):
+        return cb.reachable(cells, counts, q, c, grid.steps, log_tol, shift, fine)
 
     def fetch(mask):
         return np.unique(k[np.isin(cb.coarse_of(k, shift), cells[mask])], return_counts=True)
 
-    first = guess(band(cb.spread_evenly(cells, counts, q, shift=shift)))
+    first = guess(band(cb.spread_evenly(cells, counts, q, shift=shift), guess_log_tol(len(q))))
     keep, fk, fw = cb.settle(band, fetch, first)
     return cb.represent(fk, fw, cells, counts, keep, shift), keep
 
@@ -298,7 +299,7 @@ def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark)
 def _narrow_band(half):
     """A deliberately wrong band_keep for power: keep only the cells whose rank range meets
     ``[P_j - half, P_j + half]`` (the right band is hundreds of ranks wide here)."""
-    def band_keep(name, cells, counts, epsilon, params, shift, fine=None):
+    def band_keep(name, cells, counts, epsilon, params, shift, fine=None, log_tol=None):
         hi = np.cumsum(counts).astype(float)
         lo = hi - counts
         target = np.asarray(params.quantiles) * hi[-1]
