@@ -489,9 +489,15 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
                                                 GLOBAL_SHIFT, aggregate=not raw))
             k = fine.column(CELL).to_numpy().astype(np.int64)
             if raw:
-                return np.unique(k, return_counts=True)
-            order = np.argsort(k)
-            return k[order], fine.column(COUNT).to_numpy().astype(np.int64)[order]
+                k, w = np.unique(k, return_counts=True)
+            else:
+                order = np.argsort(k)
+                k, w = k[order], fine.column(COUNT).to_numpy().astype(np.int64)[order]
+            if int(w.sum()) != int(counts[mask].sum()):
+                raise RuntimeError("`df` gave different rows in the two passes over it: the "
+                                   "ungrouped path needs an input that gives the same rows "
+                                   "each time (not an unseeded rand() column)")
+            return k, w
 
         # Pass 2 reads a first guess of the reachable cells: the band from rows spread evenly
         # in the target cells, widened by 2 + m / 2 nats of log L (on 1e8 normal rows the

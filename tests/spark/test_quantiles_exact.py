@@ -401,3 +401,20 @@ def test_too_many_public_keys_for_the_packed_code_is_refused(spark, monkeypatch)
     out = dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
                        groups=["a", "b"])  # within the (lowered) limit: released
     assert out.count() == 2
+
+
+def test_global_input_that_changes_between_passes_is_refused(spark):
+    """The ungrouped path reads its input twice; a column that draws new values on each read
+    (a nondeterministic UDF) gives pass 2 other counts than pass 1, and the release stops
+    with an error that names `df` (and echoes no data) instead of mixing the two reads. The
+    same values from a deterministic column go through."""
+    import random
+
+    fresh = F.udf(lambda i: random.random() * 10, "double").asNondeterministic()
+    df = spark.range(20_000).select(fresh("id").alias("x"))
+    with pytest.raises(RuntimeError, match="`df` gave different rows in the two passes"):
+        dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=10.0,
+                     mechanism="joint_exp").collect()
+    fixed = spark.range(20_000).select((F.rand(5) * 10).alias("x"))
+    assert dp_quantiles(fixed, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=10.0,
+                        mechanism="joint_exp").count() == 1
