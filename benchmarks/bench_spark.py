@@ -1,10 +1,12 @@
 """Benchmarks of ``dp_quantiles`` beside Spark's own ``percentile_approx`` (issue 11).
 
-Run standalone; it starts its own local session with default memory settings::
+Run standalone; it starts its own local session with default memory settings (or
+``--driver-memory``)::
 
     .venv/bin/python benchmarks/bench_spark.py                 # every case, full size
     .venv/bin/python benchmarks/bench_spark.py --quick         # small sizes (a smoke run)
     .venv/bin/python benchmarks/bench_spark.py --only small,keys --connect   # on Spark Connect
+    .venv/bin/python benchmarks/bench_spark.py --only global --driver-memory 4g  # bigger local driver
 
 Cases (issue 11 targets in brackets):
 
@@ -49,12 +51,14 @@ DECILES = [i / 10 for i in range(1, 10)]
 PERCENTILES = [i / 100 for i in range(1, 100)]
 
 
-def _session(connect: bool):
+def _session(connect: bool, driver_memory: str | None = None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("dpq_spark-bench")
     builder = builder.remote("local[2]") if connect else builder.master("local[2]")
+    if driver_memory is not None:  # the local driver JVM is started here, so this applies
+        builder = builder.config("spark.driver.memory", driver_memory)
     spark = (builder.config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")
@@ -285,6 +289,9 @@ def main(argv=None) -> None:
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument("--quick", action="store_true", help="sizes / 100 (a smoke run)")
     parser.add_argument("--connect", action="store_true", help="Spark Connect (local server)")
+    parser.add_argument("--driver-memory", default=None,
+                        help="spark.driver.memory of the local session, e.g. 4g (default: "
+                             "Spark's, 1g)")
     args = parser.parse_args(argv)
     chosen = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = set(chosen) - set(CASES)
@@ -294,14 +301,15 @@ def main(argv=None) -> None:
     def size(n: int) -> int:
         return max(n // 100, 1000) if args.quick else n
 
-    spark = _session(args.connect)
+    spark = _session(args.connect, args.driver_memory)
     from pyspark.sql import functions as F
 
     from dpq_spark import dp_quantiles
     from dpq_spark.core import joint_exp
 
     print(f"# bench_spark: {'Connect' if args.connect else 'classic'} local[2], "
-          f"{'quick' if args.quick else 'full'} sizes, load average {os.getloadavg()[0]:.1f}",
+          f"{'quick' if args.quick else 'full'} sizes, driver memory "
+          f"{args.driver_memory or 'default'}, load average {os.getloadavg()[0]:.1f}",
           flush=True)
     for case in chosen:
         fn = globals()[f"case_{case}"]

@@ -14,7 +14,6 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dpq_spark.core.coarse_bands import COARSE_SHIFT
 from dpq_spark.core.grid import Grid
 from dpq_spark.spark._compat import create_dataframe
 from dpq_spark.spark._release import (
@@ -33,6 +32,7 @@ from dpq_spark.spark._release import (
 
 CODE_SPAN = 1 << 33  # public-key codes: GID * 2**33 + grid index (k <= 2**32)
 MAX_PACKED_KEYS = 1 << 30
+ISIN_CELLS = 4096  # global pass 2 filters by isin up to this many kept cells, else a semi join
 
 __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "bound_contributions",
            "grid_index_column", "bucket_column", "value_cell", "cell_counts",
@@ -159,45 +159,37 @@ def value_cell(lower, upper, resolution: int):
     return grid_index_column(lower, upper)
 
 
-def coarse_counts(rows: DataFrame, lower: float, upper: float) -> DataFrame:
-    """Global path, pass 1: rows per coarse cell ``k >> 12`` (``CELL``, at most ``2**20 + 1``
-    rows), partial-aggregated before the shuffle."""
-    coarse = F.shiftright(grid_index_column(lower, upper), COARSE_SHIFT)
+def coarse_counts(rows: DataFrame, lower: float, upper: float, shift: int) -> DataFrame:
+    """Global path, pass 1: rows per coarse cell ``k >> shift`` (``CELL``, at most ``2**(32 -
+    shift) + 1`` rows), partial-aggregated before the shuffle."""
+    coarse = F.shiftright(grid_index_column(lower, upper), shift)
     return rows.groupBy(coarse.alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
-def fine_counts_in(rows: DataFrame, lower: float, upper: float, *, cells=None, ranges=None,
+def fine_counts_in(rows: DataFrame, lower: float, upper: float, cells, shift: int, *,
                    aggregate: bool = True) -> DataFrame:
     """Global path, pass 2: rows per grid index (``CELL``, ``COUNT``) of the rows whose coarse
-    cell is one of ``cells`` (a broadcast semi join with the kept cells: one hash lookup per
-    row) or lies in one of the inclusive ``ranges`` ``[(first, last), ...]`` of coarse cells (an
-    OR tree of comparisons, for cell lists too long to send as literals); with
-    ``aggregate=False`` the grid index of every such row (``CELL`` only: no shuffle, the caller
-    counts)."""
+    cell ``k >> shift`` is one of ``cells``; with ``aggregate=False`` the grid index of every
+    such row (``CELL`` only: no shuffle, the caller counts).
+
+    Up to ``ISIN_CELLS`` cells the filter is ``isin`` on the cell as an int (Spark turns a
+    short int list into a switch, a longer one into a hash set: one lookup per row, no join);
+    a longer list goes to a broadcast left-semi join."""
     k = grid_index_column(lower, upper)
-    coarse = F.shiftright(k, COARSE_SHIFT)
-    if cells is not None:
-        spark = rows.sparkSession
-        kept = create_dataframe(spark, pa.table({_KEPT: pa.array(np.asarray(cells, np.int64))}),
-                                T.StructType([T.StructField(_KEPT, T.LongType(), False)]))
+    coarse = F.shiftright(k, shift).cast("int")  # at most 2**(32 - shift) (shift >= 2)
+    cells = np.asarray(cells, np.int64)
+    if cells.size <= ISIN_CELLS:
+        selected = rows.select(k.alias(CELL)).where(coarse.isin([int(c) for c in cells]))
+    else:
+        kept = create_dataframe(rows.sparkSession,
+                                pa.table({_KEPT: pa.array(cells.astype(np.int32))}),
+                                T.StructType([T.StructField(_KEPT, T.IntegerType(), False)]))
         selected = (rows.select(k.alias(CELL), coarse.alias(_COARSE))
                     .join(F.broadcast(kept), F.col(_COARSE) == F.col(_KEPT), "left_semi")
                     .select(CELL))
-    else:
-        keep = _any([coarse.between(int(a), int(b)) for a, b in ranges])
-        selected = rows.select(k.alias(CELL)).where(keep)
     if not aggregate:
         return selected
     return selected.groupBy(CELL).agg(F.count(F.lit(1)).alias(COUNT))
-
-
-def _any(conditions):
-    """OR of the conditions as a balanced tree (depth log2 of their number: Spark Connect
-    refuses deeply nested expressions)."""
-    while len(conditions) > 1:
-        pairs = [a | b for a, b in zip(conditions[::2], conditions[1::2])]
-        conditions = pairs + ([conditions[-1]] if len(conditions) % 2 else [])
-    return conditions[0]
 
 
 def cell_counts(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:

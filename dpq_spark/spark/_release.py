@@ -24,7 +24,14 @@ from dpq_spark.core._random import resolve_rng
 from dpq_spark.core.batch import BATCH_MECHANISMS, release_many
 from dpq_spark.core._samplers import discrete_laplace
 from dpq_spark.core.choose import plan_auto
-from dpq_spark.core.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, reachable, represent
+from dpq_spark.core.coarse_bands import (
+    BAND_LOG_TOL,
+    COARSE_SHIFT,
+    coarse_midpoints,
+    coarse_of,
+    reachable,
+    represent,
+)
 from dpq_spark.core.grid import Grid
 from dpq_spark.core.ind_exp import ind_exp_indices
 from dpq_spark.core.joint_exp import joint_exp_indices
@@ -444,8 +451,12 @@ def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.nda
     return grid.value(out)
 
 
-def band_keep(name, cells, counts, epsilon, params: ReleaseParams) -> np.ndarray:
-    """The coarse cells a spilled group must bring at full precision for mechanism ``name``.
+def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
+              shift: int = COARSE_SHIFT, fine=None, log_tol: float = BAND_LOG_TOL) -> np.ndarray:
+    """The coarse cells (``k >> shift``) a spilled group must bring at full precision for
+    mechanism ``name`` (``fine``: all the data of some cells, for a tighter band; ``log_tol``
+    larger than the default only for a guess; see
+    :func:`~dpq_spark.core.coarse_bands.reachable`).
 
     JointExp: :func:`~dpq_spark.core.coarse_bands.reachable` at ``c = epsilon / (2 Delta)``.
     IndExp: each quantile's draw is JointExp with m = 1 at half its ``c`` (weight
@@ -458,11 +469,11 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams) -> np.ndarray
     steps = _grid(params).steps
     if name == "joint_exp":
         return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
-                         steps)
+                         steps, log_tol, shift, fine)
     keep = np.zeros(len(cells), dtype=bool)
     for qj in q:
         c = (epsilon / q.size) / (2.0 * single_quantile_sensitivity(float(qj), relation)) / 2.0
-        keep |= reachable(cells, counts, [qj], c, steps)
+        keep |= reachable(cells, counts, [qj], c, steps, log_tol, shift, fine)
     return keep
 
 

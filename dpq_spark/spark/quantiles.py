@@ -14,7 +14,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dpq_spark.core.coarse_bands import represent
+from dpq_spark.core.coarse_bands import (
+    BAND_LOG_TOL,
+    COARSE_SHIFT,
+    represent,
+    settle,
+    spread_evenly,
+)
 from dpq_spark.spark import _compat
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark import _release
@@ -43,7 +49,9 @@ logger = logging.getLogger(__name__)
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
 _RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to this many rows
-_ISIN_CELLS = 1 << 16  # ungrouped pass 2 filters by a set of kept coarse cells up to this many
+#: The ungrouped pass 1 counts rows per coarse cell k >> 16 (2**16 + 1 cells at most: a small
+#: hash aggregate); the grouped spill path keeps cells of k >> 12 (COARSE_SHIFT).
+GLOBAL_SHIFT = 16
 _ACTIONS: contextvars.ContextVar = contextvars.ContextVar("dpq_spark_actions", default=None)
 
 
@@ -183,10 +191,11 @@ def dp_quantiles(
     edge: within total variation 2**-59 of the same mechanism on the grid data
     (:mod:`dpq_spark.core.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
     (each row at its cell's middle grid point, within 4.8e-7 of the span). Ungrouped, Spark
-    counts rows per coarse cell (at most 2**20 + 1 rows collected), the driver chooses, and for
-    JointExp/IndExp a second job brings the counts per ``k`` of the reachable cells only (so
-    the input is read twice: it must give the same rows both times, e.g. not an unseeded
-    ``rand()`` column). The public keys (``|groups|`` rows; collected by one job when
+    counts rows per wider coarse cell of 65,536 grid points (at most 2**16 + 1 rows
+    collected), the driver chooses, and a second job brings, for JointExp/IndExp, the grid
+    indices of the reachable cells only, and for the other mechanisms the rows per 4,096-point
+    cell (so the input is read twice: it must give the same rows both times, e.g. not an
+    unseeded ``rand()`` column). The public keys (``|groups|`` rows; collected by one job when
     ``groups`` is a DataFrame) are joined (broadcast up to 200,000 keys); the release
     (``|groups| x len(quantiles)`` rows) is collected and sorted on the driver. Each release
     logs one INFO line with its time and the number of Spark jobs it ran. ``resolution`` is
@@ -446,11 +455,13 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
 
 
 def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
-    """No grouping. With bounds, in at most two jobs: pass 1 collects rows per coarse cell (at
-    most 2**20 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp and
-    IndExp then get the grid indices of their reachable coarse cells (pass 2, filtered by cell
-    ranges) and the pruned cells at their left edges (:mod:`dpq_spark.core.coarse_bands`); the
-    other mechanisms run on the coarse cells. Without bounds, bucket counts in one job."""
+    """No grouping. With bounds: pass 1 collects rows per coarse cell ``k >> GLOBAL_SHIFT``
+    (at most 2**16 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp
+    and IndExp then get the grid indices of their reachable coarse cells (pass 2, filtered by
+    cell; a further pass only if the band from the fine data read reaches a cell not read:
+    :func:`~dpq_spark.core.coarse_bands.settle`) and the pruned cells at their left edges; the
+    other mechanisms get rows per cell ``k >> 12`` (pass 2) at those cells' representative
+    points, as on the grouped path. Without bounds, bucket counts in one job."""
     if req.lower is None:
         counts = flow.cell_counts(rows, req.lower, req.upper, req.resolution)
         pdf = to_arrow(counts).to_pandas()
@@ -458,37 +469,43 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
             pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
         out = release_group(pdf, params)
         return pa.Table.from_pandas(out, preserve_index=False)
-    coarse = to_arrow(flow.coarse_counts(rows, req.lower, req.upper))
-    cells = coarse.column(CELL).to_numpy().astype(np.int64)
-    counts = coarse.column(COUNT).to_numpy().astype(np.int64)
-    order = np.argsort(cells, kind="stable")
-    cells, counts = cells[order], counts[order]
-    started = _release._start_group(int(counts.sum()), None, 0, params)
-    source, name, eps = started
+    cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, GLOBAL_SHIFT))
+    source, name, eps = _release._start_group(int(counts.sum()), None, 0, params)
     if name not in _release.FINE_MECHANISMS:
+        # The choice was made from the noisy count: which pass 2 runs depends on it alone.
+        cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, COARSE_SHIFT))
         values = _release._run_coarse(name, cells, counts, source, eps, params)
     else:
-        keep = _release.band_keep(name, cells, counts, eps, params)
-        k = w = np.empty(0, dtype=np.int64)
-        if keep.any():
-            # Few rows in the reachable cells: collect their indices and count on the driver
-            # (no shuffle); else count in Spark. Both give the same counts, so the mechanism's
-            # input and the release's distribution do not depend on the branch.
-            raw = int(counts[keep].sum()) <= _RAW_PASS2_ROWS
-            # The kept cells as a set lookup per row when the list is short enough to send as
-            # literals, else as ranges; the same rows either way.
-            if int(keep.sum()) <= _ISIN_CELLS:
-                where = dict(cells=cells[keep])
-            else:
-                where = dict(ranges=_ranges(keep, cells))
-            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, aggregate=not raw,
-                                                **where))
+        def band(fine):
+            return _release.band_keep(name, cells, counts, eps, params, GLOBAL_SHIFT, fine)
+
+        def fetch(mask):
+            # Few rows: collect their indices and count on the driver (no shuffle); else count
+            # in Spark. Both give the same counts, so the release does not depend on the branch.
+            raw = int(counts[mask].sum()) <= _RAW_PASS2_ROWS
+            fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, cells[mask],
+                                                GLOBAL_SHIFT, aggregate=not raw))
             k = fine.column(CELL).to_numpy().astype(np.int64)
             if raw:
                 k, w = np.unique(k, return_counts=True)
             else:
-                w = fine.column(COUNT).to_numpy().astype(np.int64)
-        k, w = represent(k, w, cells, counts, keep)
+                order = np.argsort(k)
+                k, w = k[order], fine.column(COUNT).to_numpy().astype(np.int64)[order]
+            if int(w.sum()) != int(counts[mask].sum()):
+                raise RuntimeError("`df` gave different rows in the two passes over it: the "
+                                   "ungrouped path needs an input that gives the same rows "
+                                   "each time (not an unseeded rand() column)")
+            return k, w
+
+        # Pass 2 reads a first guess of the reachable cells: the band from rows spread evenly
+        # in the target cells, widened by 2 + m / 2 nats of log L (on 1e8 normal rows the
+        # guessed log L was within 4 nats of the real one); the band from the real fine data
+        # then decides, and a further pass reads any cell it reaches that was not read (settle).
+        guess = spread_evenly(cells, counts, params.quantiles, shift=GLOBAL_SHIFT)
+        first = _release.band_keep(name, cells, counts, eps, params, GLOBAL_SHIFT, guess,
+                                   guess_log_tol(len(params.quantiles)))
+        keep, k, w = settle(band, fetch, first)
+        k, w = represent(k, w, cells, counts, keep, shift=GLOBAL_SHIFT)
         values = _release._run_fine(name, k, w, source, eps, params)
     m = len(params.quantiles)
     return pa.table({"quantile": pa.array(params.quantiles, type=pa.float64()),
@@ -496,11 +513,19 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
                      MECHANISM: pa.array([name] * m, type=pa.string())})
 
 
-def _ranges(keep, cells):
-    """Inclusive ranges of coarse cells holding every kept cell and no pruned one (empty cells
-    between kept ones are included: they hold no rows)."""
-    runs = np.flatnonzero(np.diff(np.r_[0, keep.astype(np.int8), 0]))
-    return [(int(cells[a]), int(cells[b - 1])) for a, b in zip(runs[::2], runs[1::2])]
+def guess_log_tol(m: int) -> float:
+    """``-log(tol)`` of the first guess of the global path's band: 2 + m / 2 nats more than
+    the real band's, to cover the guessed ``log L``'s error."""
+    return BAND_LOG_TOL + 2.0 + m / 2.0
+
+
+def _cell_counts(frame: DataFrame):
+    """Collect ``(CELL, COUNT)`` rows as sorted int64 arrays (one job)."""
+    table = to_arrow(frame)
+    cells = table.column(CELL).to_numpy().astype(np.int64)
+    counts = table.column(COUNT).to_numpy().astype(np.int64)
+    order = np.argsort(cells, kind="stable")
+    return cells[order], counts[order]
 
 
 def _materialise(req: QuantileRequest, table) -> DataFrame:

@@ -125,21 +125,22 @@ def test_auto_release_equals_core_auto_with_same_seed(spark):
             np.testing.assert_array_equal(part["value"].to_numpy(), np.asarray(want), err_msg=name)
 
 
-def _represented(x, mechanism="joint_exp"):
-    """The represented data of a spilled group, computed here from the raw values (epsilon 1,
-    add/remove, Q). IndExp's band: the union over quantiles of m = 1 bands at half the
-    single-quantile c = (1/3) / (2 max(q, 1 - q))."""
+def _represented(x, mechanism="joint_exp", shift=cb.COARSE_SHIFT):
+    """The represented data of a spilled group (cells ``k >> shift``), computed here from the
+    raw values (epsilon 1, add/remove, Q). IndExp's band: the union over quantiles of m = 1
+    bands at half the single-quantile c = (1/3) / (2 max(q, 1 - q))."""
     k = GRID.snap(x)
     fine_k, fine_w = np.unique(k, return_counts=True)
-    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
+    cells, counts = np.unique(cb.coarse_of(k, shift), return_counts=True)
     if mechanism == "joint_exp":
-        keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), GRID.steps)
+        keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), GRID.steps, shift=shift)
     else:
         keep = np.zeros(cells.size, dtype=bool)
         for q in Q:
-            keep |= cb.reachable(cells, counts, [q], (1 / 3) / (2 * max(q, 1 - q)) / 2, GRID.steps)
-    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
-    return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep), keep
+            keep |= cb.reachable(cells, counts, [q], (1 / 3) / (2 * max(q, 1 - q)) / 2,
+                                 GRID.steps, shift=shift)
+    kept = np.isin(cb.coarse_of(fine_k, shift), cells[keep])
+    return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep, shift), keep
 
 
 @pytest.mark.parametrize("mechanism", ["joint_exp", "ind_exp"])
@@ -181,20 +182,31 @@ def test_spill_path_on_partition_selection(spark, monkeypatch):
         assert np.abs(out.loc[out["g"] == name, "value"].to_numpy() - truth).max() < 5e4, name
 
 
-@pytest.mark.parametrize("raw_rows", [1 << 22, 0])
-def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_rows):
+@pytest.mark.parametrize("raw_rows, first_guess", [(1 << 22, True), (0, True), (1 << 22, False)])
+def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_rows,
+                                                        first_guess):
     """No group_by: pass 1 (coarse counts), pass 2 (grid indices of reachable cells, collected
-    raw or counted in Spark: the same release)."""
+    raw or counted in Spark: the same release). With the first guess replaced by one cell,
+    settle needs more passes (counted here) and the release is the same."""
     from dpq_spark.spark import quantiles
 
     monkeypatch.setattr(quantiles, "_RAW_PASS2_ROWS", raw_rows)
+    reads = []
+    if not first_guess:
+        def settle(band, fetch, first):
+            def counted(mask):
+                reads.append(int(mask.sum()))
+                return fetch(mask)
+            return cb.settle(band, counted, _one_cell(first))
+        monkeypatch.setattr(quantiles, "settle", settle)
     x = grouped_data()["outliers"]
     df = spark.createDataFrame(pd.DataFrame({"x": x}))
     out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
                        mechanism="joint_exp", rng=np.random.default_rng(3)).toPandas()
     _, base = _group_rngs(spark, 3, [])
-    (k, w), keep = _represented(x)
+    (k, w), keep = _global_represented(x, Q, _C, guess=(lambda f: f) if first_guess else _one_cell)
     assert not keep.all()
+    assert first_guess or (len(reads) >= 2 and sum(reads) == keep.sum())
     want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
@@ -205,6 +217,34 @@ def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_
     want = auto(small, Q, epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng([base, 0]))
     assert out["mechanism"].iloc[0] == want.mechanism == "joint_exp"
     np.testing.assert_array_equal(out["value"].to_numpy(), np.asarray(want))
+
+
+def _one_cell(first):
+    """A poor first guess for settle: the first cell of ``first`` alone."""
+    one = np.zeros(first.size, dtype=bool)
+    one[np.flatnonzero(first)[0]] = True
+    return one
+
+
+def _global_represented(x, q, c, grid=GRID, guess=lambda first: first):
+    """The represented data of the ungrouped path, from the raw values: cells ``k >> 16``,
+    JointExp's band from the fine data read (coarse_bands.settle, first guess from rows spread
+    evenly, passed through ``guess``)."""
+    from dpq_spark.spark.quantiles import GLOBAL_SHIFT as shift
+    from dpq_spark.spark.quantiles import guess_log_tol
+
+    k = grid.snap(x)
+    cells, counts = np.unique(cb.coarse_of(k, shift), return_counts=True)
+
+    def band(fine, log_tol=cb.BAND_LOG_TOL):
+        return cb.reachable(cells, counts, q, c, grid.steps, log_tol, shift, fine)
+
+    def fetch(mask):
+        return np.unique(k[np.isin(cb.coarse_of(k, shift), cells[mask])], return_counts=True)
+
+    first = guess(band(cb.spread_evenly(cells, counts, q, shift=shift), guess_log_tol(len(q))))
+    keep, fk, fw = cb.settle(band, fetch, first)
+    return cb.represent(fk, fw, cells, counts, keep, shift), keep
 
 
 @pytest.mark.parametrize("budget", [_release.FOLD_BUDGET, 8])
@@ -256,16 +296,83 @@ def test_contribution_bounding_keeps_the_same_rows_whatever_the_row_order(spark)
     assert kept(rows, True) != kept(shuffled, True)
 
 
-@pytest.mark.parametrize("isin_cells", [1 << 16, 0])
-def test_global_many_ranges_and_range_cover(spark, monkeypatch, isin_cells):
-    """20 quantiles of a spread-out sample: pass 2 filters the kept coarse cells (a set lookup,
-    or with the limit at 0 many ranges in an OR tree); the release is the core's JointExp on the
-    represented data either way. The ranges cover every kept cell and no pruned one."""
+def _narrow_band(half):
+    """A deliberately wrong band_keep for power: keep only the cells whose rank range meets
+    ``[P_j - half, P_j + half]`` (the right band is hundreds of ranks wide here)."""
+    def band_keep(name, cells, counts, epsilon, params, shift, fine=None, log_tol=None):
+        hi = np.cumsum(counts).astype(float)
+        lo = hi - counts
+        target = np.asarray(params.quantiles) * hi[-1]
+        return ((lo[:, None] <= target[None, :] + half)
+                & (hi[:, None] >= target[None, :] - half)).any(axis=1)
+    return band_keep
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_global_release_is_the_core_joint_exp_on_the_raw_values(spark, monkeypatch, wrong):
+    """No group_by, data over some 2,500 coarse cells of 65,536 grid points, the band prunes
+    most of them: each seeded release equals the core's ``joint_exp`` on the raw values with
+    the same generator (the pruned cells carry mass below 2**-60, so the draws line up). Power:
+    a band of +-10 ranks (too narrow: it prunes cells JointExp does reach) changes the draws."""
     from dpq_spark.spark import quantiles
-    from dpq_spark.spark.quantiles import _ranges
 
-    monkeypatch.setattr(quantiles, "_ISIN_CELLS", isin_cells)
+    shift = quantiles.GLOBAL_SHIFT
+    gen = np.random.default_rng(21)
+    x = np.concatenate([gen.normal(0, 1, 20_000), gen.uniform(-60, 60, 20)])
+    lo, hi = -50.0, 50.0
+    grid = Grid(lo, hi)
+    cells, counts = np.unique(cb.coarse_of(grid.snap(x), shift), return_counts=True)
+    keep = cb.reachable(cells, counts, Q, 1.0 / (2 * 2 * (1 - 0.1)), grid.steps, shift=shift)
+    assert cells.size > 1000 and 0 < keep.sum() < cells.size / 10
+    if wrong:
+        monkeypatch.setattr(_release, "band_keep", _narrow_band(10))
+    df = spark.createDataFrame(pd.DataFrame({"x": x}))
+    same = []
+    for seed in range(4):
+        out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=lo, upper=hi,
+                           mechanism="joint_exp", rng=np.random.default_rng(seed)).toPandas()
+        _, base = _group_rngs(spark, seed, [])
+        want = joint_exp(x, Q, epsilon=1.0, lower=lo, upper=hi,
+                         rng=np.random.default_rng([base, 0]))
+        same.append(np.array_equal(out["value"].to_numpy(), want))
+    assert all(same) if not wrong else not any(same)
 
+
+@pytest.mark.parametrize("mechanism", ["approx_quantiles", "agg_tree"])
+def test_global_other_mechanisms_see_4096_point_cells(spark, mechanism):
+    """Ungrouped ApproxQuantiles/AggTree get rows per cell ``k >> 12`` (a second pass after the
+    choice), as on the grouped path: the release is the core mechanism on those cells'
+    midpoints with the same seed. For ApproxQuantiles it is not the one on the pass-1 cells
+    ``k >> 16`` (AggTree's 2**16 leaves put both inputs' points in the same leaves here)."""
+    from dpq_spark.core.mechanisms import get_mechanism
+    from dpq_spark.spark import quantiles
+
+    x = grouped_data()["outliers"]
+    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": x})), "x", quantiles=Q,
+                       epsilon=1.0, lower=A, upper=B, mechanism=mechanism,
+                       rng=np.random.default_rng(5)).toPandas()
+    _, base = _group_rngs(spark, 5, [])
+    got = out["value"].to_numpy()
+
+    def core(shift):
+        cells, counts = np.unique(cb.coarse_of(GRID.snap(x), shift), return_counts=True)
+        return get_mechanism(mechanism)(
+            GRID.value(cb.coarse_midpoints(cells, GRID.steps, shift)), Q, epsilon=1.0, lower=A,
+            upper=B, counts=counts, rng=np.random.default_rng([base, 0]))
+
+    np.testing.assert_array_equal(got, core(cb.COARSE_SHIFT))
+    if mechanism == "approx_quantiles":
+        assert not np.array_equal(got, core(quantiles.GLOBAL_SHIFT))
+
+
+@pytest.mark.parametrize("isin_cells", [4096, 0])
+def test_global_many_kept_cells(spark, monkeypatch, isin_cells):
+    """20 quantiles of a spread-out sample: pass 2 filters the kept coarse cells (isin, or
+    with the limit at 0 a broadcast semi join); the release is the core's JointExp on the
+    represented data at the global shift either way."""
+    from dpq_spark.spark import _dataflow as flow
+
+    monkeypatch.setattr(flow, "ISIN_CELLS", isin_cells)
     gen = np.random.default_rng(12)
     x = np.concatenate([1e9 + gen.normal(0, 2e7, 200_000), gen.uniform(0, 2e9, 50)])
     q = [0.025 + 0.05 * i for i in range(20)]
@@ -273,18 +380,9 @@ def test_global_many_ranges_and_range_cover(spark, monkeypatch, isin_cells):
                        epsilon=1.0, lower=A, upper=B, mechanism="joint_exp",
                        rng=np.random.default_rng(4)).toPandas()
     _, base = _group_rngs(spark, 4, [])
-    k = GRID.snap(x)
-    fine_k, fine_w = np.unique(k, return_counts=True)
-    cells, counts = np.unique(cb.coarse_of(k), return_counts=True)
-    keep = cb.reachable(cells, counts, q, 1.0 / (2 * 2 * (1 - 0.025)), GRID.steps)
-    ranges = _ranges(keep, cells)
-    assert not keep.all() and len(ranges) >= 10
-    inside = np.zeros(cells.size, dtype=bool)
-    for a, b in ranges:
-        inside |= (cells >= a) & (cells <= b)
-    assert np.array_equal(inside, keep)
-    kept = np.isin(cb.coarse_of(fine_k), cells[keep])
-    yk, yw = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep)
+    (yk, yw), keep = _global_represented(x, q, 1.0 / (2 * 2 * (1 - 0.025)))
+    runs = np.flatnonzero(np.diff(np.r_[0, keep.astype(np.int8), 0])).size // 2
+    assert not keep.all() and runs >= 10
     want = GRID.value(joint_exp_indices(yk, yw, GRID.size, q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
@@ -303,3 +401,20 @@ def test_too_many_public_keys_for_the_packed_code_is_refused(spark, monkeypatch)
     out = dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
                        groups=["a", "b"])  # within the (lowered) limit: released
     assert out.count() == 2
+
+
+def test_global_input_that_changes_between_passes_is_refused(spark):
+    """The ungrouped path reads its input twice; a column that draws new values on each read
+    (a nondeterministic UDF) gives pass 2 other counts than pass 1, and the release stops
+    with an error that names `df` (and echoes no data) instead of mixing the two reads. The
+    same values from a deterministic column go through."""
+    import random
+
+    fresh = F.udf(lambda i: random.random() * 10, "double").asNondeterministic()
+    df = spark.range(20_000).select(fresh("id").alias("x"))
+    with pytest.raises(RuntimeError, match="`df` gave different rows in the two passes"):
+        dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=10.0,
+                     mechanism="joint_exp").collect()
+    fixed = spark.range(20_000).select((F.rand(5) * 10).alias("x"))
+    assert dp_quantiles(fixed, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=10.0,
+                        mechanism="joint_exp").count() == 1
