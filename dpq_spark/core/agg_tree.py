@@ -281,14 +281,12 @@ def histogram(
     Returns
     -------
     numpy.ndarray
-        m estimates, sorted, float64, in ``[lower, upper]``.
+        As :func:`agg_tree`: m sorted grid points in ``[lower, upper]``.
 
     Raises
     ------
-    ValueError
-        If an argument breaks its rule (the message names it).
-    TypeError
-        If an argument has the wrong type.
+    ValueError, TypeError
+        As :func:`agg_tree`, a bad ``bins`` named as such.
 
     Privacy
     -------
