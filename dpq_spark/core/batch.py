@@ -100,7 +100,7 @@ from dpq_spark.core.single_quantile import GridCells
 
 __all__ = ["release_many", "BatchRelease", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
 
-#: The mechanisms :func:`release_many` runs (``"auto"`` picks among the other four).
+#: The mechanisms :func:`release_many` runs (``"auto"`` picks among the others).
 BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram")
 _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", "histogram")  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
@@ -368,7 +368,7 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
     m, G = q.size, members.size
     c = eps / (2.0 * joint_exp_sensitivity(q, relation))
     out = np.empty((G, m), dtype=np.int64)
-    # a group with more distinct points than cells that can be enumerated has too many cells
+    # a group with more rows than the cells that can be enumerated goes through _joint_exp
     pick, pts, mul, d, slow = _distinct_rows(k, counts, bounds, members, _enumerable(m))
     if pick.size:
         done, draws = _enumerate_cells(pts, mul, d, q, c, size, source)
@@ -378,6 +378,43 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
         lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
         out[g] = _joint_exp(k[lo:hi], counts[lo:hi], q, eps, relation, size, source)
     return out
+
+
+def _member_rows(bounds, members):
+    """``(local, rows)``: for every row of the groups ``members`` (in order), its group's place in
+    ``members`` and its index into the concatenated values."""
+    sizes = bounds[members + 1] - bounds[members]
+    local = np.repeat(np.arange(members.size), sizes)
+    rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[members], sizes)
+    return local, rows
+
+
+def _padded_cells(pts, mul, d, first, stop):
+    """The cells of :func:`~dpq_spark.core.joint_exp._grid_cells` and ``GridCells.of`` (the gap
+    before the first point, each point, the gap after a tied point; mid-ranks), for every row
+    at once: row g's data are its first ``d_g`` sorted distinct points ``pts[g]`` with
+    multiplicities ``mul[g]``, on grid points ``first_g .. stop_g - 1``. Returns ``(widths,
+    starts, ranks, n)``, shape ``(G, 2 D + 1)`` in slot order (gap, then point and gap per
+    point); empty slots, and the slots of padding, have width 0."""
+    G, D = pts.shape
+    col = np.arange(D)[None, :]
+    valid = col < d[:, None]
+    t = np.where(valid, mul, 0)
+    n = t.sum(axis=1)
+    below = np.cumsum(t, axis=1) - t
+    nxt = np.where(col + 1 < d[:, None], np.roll(pts, -1, axis=1), stop[:, None])
+    single = t == 1
+    widths = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    starts = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    ranks = np.zeros((G, 2 * D + 1), dtype=np.float64)
+    widths[:, 0] = np.where(d > 0, pts[:, 0], stop) - first
+    starts[:, 0] = first
+    widths[:, 1::2] = np.where(valid, np.where(single, nxt - pts, 1), 0)
+    widths[:, 2::2] = np.where(valid & ~single, nxt - pts - 1, 0)
+    starts[:, 1::2], starts[:, 2::2] = pts, pts + 1
+    ranks[:, 1::2] = below + (t + 1) / 2.0  # joint_exp._tie_rank
+    ranks[:, 2::2] = (below + t).astype(np.float64)
+    return widths, starts, ranks, n
 
 
 def _distinct_rows(k, counts, bounds, members, D):
@@ -390,11 +427,8 @@ def _distinct_rows(k, counts, bounds, members, D):
     which samples the same distribution).
     """
     sizes = bounds[members + 1] - bounds[members]
-    small = sizes <= D
-    pick, rest = np.flatnonzero(small), np.flatnonzero(~small)
-    sizes, starts = sizes[pick], bounds[members[pick]]
-    local = np.repeat(np.arange(pick.size), sizes)
-    rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(starts, sizes)
+    pick, rest = np.flatnonzero(sizes <= D), np.flatnonzero(sizes > D)
+    local, rows = _member_rows(bounds, members[pick])
     kk, cc = k[rows], counts[rows]
     live = cc > 0
     local, kk, cc = local[live], kk[live], cc[live]
@@ -419,21 +453,8 @@ def _enumerate_cells(pts, mul, d, q, c, size, source):
     ``(enumerated mask, draws of the enumerated rows)``."""
     G, D = pts.shape
     m = q.size
-    valid = np.arange(D)[None, :] < d[:, None]
-    n = mul.sum(axis=1)
-    below = np.cumsum(mul, axis=1) - mul
-    nxt = np.where(np.arange(D)[None, :] + 1 < d[:, None], np.roll(pts, -1, axis=1), size)
-    single = mul == 1
-    w_main = np.where(valid, np.where(single, nxt - pts, 1), 0)
-    w_gap = np.where(valid & ~single, nxt - pts - 1, 0)
-    widths = np.zeros((G, 2 * D + 1), dtype=np.int64)
-    starts = np.zeros((G, 2 * D + 1), dtype=np.int64)
-    poss = np.zeros((G, 2 * D + 1), dtype=np.float64)
-    widths[:, 0] = np.where(d > 0, pts[:, 0], size)
-    widths[:, 1::2], widths[:, 2::2] = w_main, w_gap
-    starts[:, 1::2], starts[:, 2::2] = pts, pts + 1
-    poss[:, 1::2] = below + (mul + 1.0) / 2.0  # joint_exp._tie_rank
-    poss[:, 2::2] = (below + mul).astype(np.float64)
+    widths, starts, poss, n = _padded_cells(pts, mul, d, np.zeros(G, dtype=np.int64),
+                                            np.full(G, size, dtype=np.int64))
     keep = widths > 0
     K = keep.sum(axis=1)
     ok = np.array([math.comb(int(x) + m - 1, m) <= ENUMERATE_MAX for x in range(2 * D + 2)])[K]
@@ -496,7 +517,7 @@ def _ind_exp(data, q, eps, relation, size, source) -> np.ndarray:
 
 def _ind_exp_many(k, counts, bounds, members, q, eps, relation, size, source) -> np.ndarray:
     """IndExp grid indices for the groups ``members`` (shape ``(len(members), m)``): groups with
-    at most ``_SMALL_POINTS`` distinct points draw each quantile for all of them at once
+    at most ``_SMALL_POINTS`` rows draw each quantile for all of them at once
     (:func:`_exp_rows`, ``eps / m`` each), larger groups run the core's sampler one at a time."""
     out = np.empty((members.size, q.size), dtype=np.int64)
     pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
@@ -516,7 +537,7 @@ def _ind_exp_many(k, counts, bounds, members, q, eps, relation, size, source) ->
 
 def _approx_many(k, counts, bounds, members, q, eps, relation, top, source) -> np.ndarray:
     """ApproxQuantiles grid indices for the groups ``members`` (shape ``(len(members), m)``):
-    groups with at most ``_SMALL_POINTS`` distinct points run the recursion together, node by
+    groups with at most ``_SMALL_POINTS`` rows run the recursion together, node by
     node (:func:`_approx_rows`); larger groups run the core's sampler one at a time."""
     out = np.empty((members.size, q.size), dtype=np.int64)
     pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
@@ -569,27 +590,11 @@ def _exp_rows(pts, mul, a, b, first, stop, q, epsilon, sensitivity, source) -> n
     ``first_g .. stop_g - 1``; one exponential-mechanism draw of a grid index per row, from the
     same cells and the same log-weight expression, sampled exactly
     (:func:`~dpq_spark.core.grid.draw_index_rows`, then a uniform point of the cell)."""
-    G, D = pts.shape
-    col = np.arange(D)[None, :]
-    idx = np.minimum(a[:, None] + col, D - 1)
-    n_pts = b - a
-    valid = col < n_pts[:, None]
-    p = np.take_along_axis(pts, idx, axis=1)
-    t = np.where(valid, np.take_along_axis(mul, idx, axis=1), 0)
-    n = t.sum(axis=1)
-    below = np.cumsum(t, axis=1) - t
-    nxt = np.where(col + 1 < n_pts[:, None], np.roll(p, -1, axis=1), stop[:, None])
-    single = t == 1
-    widths = np.zeros((G, 2 * D + 1), dtype=np.int64)
-    starts = np.zeros((G, 2 * D + 1), dtype=np.int64)
-    ranks = np.zeros((G, 2 * D + 1), dtype=np.float64)
-    widths[:, 0] = np.where(n_pts > 0, p[:, 0], stop) - first
-    starts[:, 0] = first
-    widths[:, 1::2] = np.where(valid, np.where(single, nxt - p, 1), 0)
-    widths[:, 2::2] = np.where(valid & ~single, nxt - p - 1, 0)
-    starts[:, 1::2], starts[:, 2::2] = p, p + 1
-    ranks[:, 1::2] = below + (t + 1) / 2.0
-    ranks[:, 2::2] = (below + t).astype(np.float64)
+    D = pts.shape[1]
+    idx = np.minimum(a[:, None] + np.arange(D)[None, :], D - 1)  # row g's points a_g.. first
+    widths, starts, ranks, n = _padded_cells(np.take_along_axis(pts, idx, axis=1),
+                                             np.take_along_axis(mul, idx, axis=1), b - a,
+                                             first, stop)
     scale = epsilon / (2.0 * sensitivity)
     with np.errstate(divide="ignore"):  # empty slots: log 0 = -inf, weight 0
         log_w = np.log(widths.astype(np.float64)) - scale * np.abs(ranks - q * n[:, None])
@@ -623,10 +628,8 @@ def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, sour
         for level in range(1, h + 1):
             noisy.append(noise[used:used + G * b**level].reshape(G, b**level))
             used += G * b**level
-        sizes = bounds[chunk + 1] - bounds[chunk]
-        if sizes.sum():
-            local = np.repeat(np.arange(G), sizes)
-            rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[chunk], sizes)
+        local, rows = _member_rows(bounds, chunk)
+        if rows.size:
             # the leaf of each value, as agg_tree's _leaf_histogram on the clamped values
             v = np.clip(x[rows], lower, upper)
             leaf = np.clip(np.floor((v - lower) / (upper - lower) * leaves).astype(np.int64), 0, leaves - 1)
