@@ -737,15 +737,6 @@ def _sample_cells(cells, q, c, size, source, draws=1):
     return out
 
 
-def _sample_many(x, counts, q, c, a, b, rng, size, granularity=None):
-    """``size`` draws of ``joint_exp`` (validated inputs) as fine grid indices, with the grid
-    (``grid.release`` maps them to values). All draws share one jitter of the data."""
-    grid = Grid(a, b, granularity)
-    source = resolve_rng(rng)
-    f, f_counts = grid.fine_indices(x, counts, source)
-    return _sample_indices(f, f_counts, q, c, grid.fine_size, source, size), grid
-
-
 def _backward(fw: _Forward, i: int, source) -> np.ndarray:
     """Given the cell ``i`` of output m, draw the cells of all outputs, backwards by runs."""
     pos, c = fw.pos, fw.c
