@@ -21,8 +21,9 @@ skew       one group of 5e7 rows beside 1,000 groups of 1,000 rows: completes wi
            session is read from /proc while it runs (classic sessions on Linux only), and the
            largest is printed, with the driver's own peak
 keys       1e5 public keys, 2 rows each, deciles [<= 3x percentile_approx]; timed with
-           collect() and, as "keys/pd", with toPandas() (the release has 9e5 rows, one per key
-           and decile, against percentile_approx's 1e5 rows of arrays)
+           collect() and, as "keys/pd", with toPandas() (the default long release has 9e5 rows,
+           one per key and decile, against percentile_approx's 1e5 rows of arrays), and as
+           "keys/wide" and "keys/wide/pd" with layout="wide" (1e5 rows of arrays)
 timestamps 1,000 timestamps in one 1,907 s cell of bounds [0, 2e9], and 600 in one cell + 400
            over +-1 day: error of dp_quantiles and of core ``joint_exp`` on the raw values
            [within 2x]
@@ -240,15 +241,20 @@ def case_keys(spark, F, dp_quantiles, size):
     df = spark.range(2 * groups).select((F.col("id") % groups).alias("g"),
                                         (F.randn(8) * 5).alias("x")).cache()
     df.count()
-    def release(d):
+    def release(d, layout="long"):
         return dp_quantiles(d, "x", quantiles=DECILES, epsilon=1.0, lower=-50, upper=50,
-                            group_by="g", groups=list(range(groups)))
+                            group_by="g", groups=list(range(groups)), layout=layout)
 
-    # The release has one row per (key, decile): 9e5 rows, whose collect() into Python Row
-    # objects costs seconds by itself, against 1e5 rows (one array each) for percentile_approx.
-    # So the case is timed with collect() and with toPandas() (Arrow), for both.
+    # The default (long) release has one row per (key, decile): 9e5 rows, whose collect() into
+    # Python Row objects costs seconds by itself, against 1e5 rows (one array each) for
+    # percentile_approx; layout="wide" has percentile_approx's shape. So the case is timed with
+    # collect() and with toPandas() (Arrow), for both layouts.
     _side_by_side("keys", df, lambda d: release(d).collect(), _approx(F, DECILES, ["g"]))
     _side_by_side("keys/pd", df, lambda d: release(d).toPandas(),
+                  _approx(F, DECILES, ["g"], fetch="toPandas"))
+    _side_by_side("keys/wide", df, lambda d: release(d, "wide").collect(),
+                  _approx(F, DECILES, ["g"]))
+    _side_by_side("keys/wide/pd", df, lambda d: release(d, "wide").toPandas(),
                   _approx(F, DECILES, ["g"], fetch="toPandas"))
     df.unpersist()
 

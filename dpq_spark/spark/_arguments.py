@@ -35,7 +35,8 @@ __all__ = ["QuantileRequest", "parse_request", "MAX_RESOLUTION"]
 
 MAX_RESOLUTION = 2**30
 DEFAULT_RESOLUTION = 2**20
-_OUTPUT_COLUMNS = ("quantile", "value")
+_OUTPUT_COLUMNS = ("quantile", "value", "mechanism")
+LAYOUTS = ("long", "wide")
 _RESERVED_PREFIX = "__dpq_"
 
 
@@ -62,6 +63,7 @@ class QuantileRequest:
     rng: np.random.Generator
     seeded: bool
     bounds_share: float | None = None  # bounds-free path only; None: the core's default
+    layout: str = "long"  # "long": a row per group and quantile; "wide": a row per group
 
     @property
     def bounds_free(self) -> bool:
@@ -278,6 +280,7 @@ def parse_request(
     selection_fraction,
     rng,
     bounds_share=None,
+    layout="long",
 ) -> QuantileRequest:
     """Validate the arguments of ``dp_quantiles``; see its docstring for the rules."""
     if not is_dataframe(df):
@@ -318,6 +321,8 @@ def parse_request(
     if not isinstance(selection_fraction, numbers.Real) or isinstance(selection_fraction, bool) \
             or not 0.0 < float(selection_fraction) < 1.0:
         raise ValueError(f"`selection_fraction` must be in (0, 1), got {selection_fraction!r}")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"`layout` must be 'long' or 'wide', got {layout!r}")
     generator = resolve_rng(rng)
 
     fields = {f.name: f for f in df.schema.fields}
@@ -379,4 +384,5 @@ def parse_request(
         rng=generator,
         seeded=rng is not None,
         bounds_share=share,
+        layout=layout,
     )

@@ -84,6 +84,7 @@ def dp_quantiles(
     selection_fraction: float = 0.5,
     bounds_share: float | None = None,
     rng: np.random.Generator | None = None,
+    layout: str = "long",
 ) -> DataFrame:
     """Release differentially private quantiles of ``column``, globally or per group.
 
@@ -152,19 +153,27 @@ def dp_quantiles(
         Source of randomness. ``None`` (production) draws fresh OS entropy in every Python
         worker call; pass a seeded Generator only in tests, which makes the release reproducible
         for the same data and partitioning.
+    layout : {"long", "wide"}, default "long"
+        The shape of the result (see Returns); the release is the same. ``"wide"`` has one row
+        per group, like ``percentile_approx`` with a list of percentages, and is much cheaper to
+        read back for many groups (1e5 groups of deciles: 1e5 rows instead of 9e5).
 
     Returns
     -------
     pyspark.sql.DataFrame
-        The ``group_by`` columns, ``quantile`` (double), ``value`` (double) and ``mechanism``
-        (string: the mechanism that ran for the group, e.g. what ``"auto"`` picked): one row per
-        group and quantile, sorted by group then quantile as ``orderBy(asc_nulls_first(key)...,
-        "quantile")`` would (null key first, NaN after every number). The key columns have the
-        ``group_by`` columns' types and hold the keys exactly as in the data or in ``groups``
-        (a null and a NaN key are two groups; 64-bit integers are never rounded). The release
-        is computed once, collected to the driver (``|groups| x len(quantiles)`` rows), sorted
-        there and returned as a DataFrame over those local rows (no ``orderBy``), so every
-        action on it sees the same numbers and ``collect()``/``show()`` run no Spark job.
+        ``layout="long"``: the ``group_by`` columns, ``quantile`` (double), ``value`` (double)
+        and ``mechanism`` (string: the mechanism that ran for the group, e.g. what ``"auto"``
+        picked): one row per group and quantile, sorted by group then quantile as
+        ``orderBy(asc_nulls_first(key)..., "quantile")`` would (null key first, NaN after every
+        number). ``layout="wide"``: the ``group_by`` columns, ``value`` (array of double, one
+        entry per quantile in the order of ``quantiles``, which the field's metadata also holds
+        under ``"quantiles"``) and ``mechanism``: one row per group, sorted by group the same
+        way. The key columns have the ``group_by`` columns' types and hold the keys exactly as
+        in the data or in ``groups`` (a null and a NaN key are two groups; 64-bit integers are
+        never rounded). The release is computed once, collected to the driver (``|groups| x
+        len(quantiles)`` numbers), sorted there and returned as a DataFrame over those local
+        rows (no ``orderBy``), so every action on it sees the same numbers and
+        ``collect()``/``show()`` run no Spark job.
 
     Raises
     ------
@@ -266,6 +275,7 @@ def dp_quantiles(
         max_rows_per_unit=max_rows_per_unit, max_groups_per_unit=max_groups_per_unit,
         delta=delta, resolution=resolution, mechanism=mechanism,
         selection_fraction=selection_fraction, rng=rng, bounds_share=bounds_share,
+        layout=layout,
     )
     started = time.perf_counter()
     what = (f"column={req.column!r} keys={list(req.keys)!r} m={len(req.quantiles)} "
@@ -358,11 +368,40 @@ def _plan(req: QuantileRequest, key_table):
 
 
 def _output_schema(req: QuantileRequest) -> T.StructType:
+    """The long layout's schema (what every release path builds)."""
     fields = [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
     fields += [T.StructField("quantile", T.DoubleType(), False),
                T.StructField("value", T.DoubleType(), False),
                T.StructField(MECHANISM, T.StringType(), False)]
     return T.StructType(fields)
+
+
+def _wide_schema(req: QuantileRequest) -> T.StructType:
+    """The wide layout's schema: keys, ``value`` (array of double, the quantiles in the field's
+    metadata) and ``mechanism``."""
+    fields = [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
+    fields += [T.StructField("value", T.ArrayType(T.DoubleType(), False), False,
+                             metadata={"quantiles": list(req.quantiles)}),
+               T.StructField(MECHANISM, T.StringType(), False)]
+    return T.StructType(fields)
+
+
+def _wide(req: QuantileRequest, table: pa.Table) -> pa.Table:
+    """The long release as one row per group. Every path emits a group's m rows together and
+    in the order of ``quantiles``; that is checked, then each block becomes one row."""
+    m = len(req.quantiles)
+    rows = table.num_rows
+    quantile = table.column("quantile").to_numpy()
+    if rows % m or not np.array_equal(quantile, np.tile(np.asarray(req.quantiles), rows // m)):
+        raise RuntimeError("dp_quantiles: the release is not in blocks of one group's quantiles "
+                           "(a bug: please report it)")
+    first = np.arange(0, rows, m)
+    columns = {k: table.column(k).take(first) for k in req.keys}
+    values = np.ascontiguousarray(table.column("value").to_numpy(), dtype=np.float64)
+    columns["value"] = pa.ListArray.from_arrays(pa.array(np.arange(0, rows + 1, m, dtype=np.int32)),
+                                                pa.array(values, type=pa.float64()))
+    columns[MECHANISM] = table.column(MECHANISM).take(first)
+    return pa.table(columns)
 
 
 def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
@@ -529,7 +568,7 @@ def _cell_counts(frame: DataFrame):
 
 
 def _materialise(req: QuantileRequest, table) -> DataFrame:
-    """Return a DataFrame over the released rows, sorted on the driver by key then quantile.
+    """Return a DataFrame over the released rows, sorted on the driver by key (then quantile).
 
     The order is Spark's ``orderBy(asc_nulls_first(key)..., "quantile")``; the result is a
     local relation with no ``orderBy``, so reading it runs no sort job. Only for key types that
@@ -539,11 +578,16 @@ def _materialise(req: QuantileRequest, table) -> DataFrame:
     spark = req.df.sparkSession
     collated = any(getattr(req.df.schema[k].dataType, "collation", "UTF8_BINARY") != "UTF8_BINARY"
                    for k in req.keys)  # pyspark 4: a string column with a non-binary collation
+    wide = req.layout == "wide"
+    if wide:
+        table, schema, then = _wide(req, table), _wide_schema(req), ()
+    else:
+        schema, then = _output_schema(req), ("quantile",)
     if not req.keys:
         ordered = table
     else:
-        ordered = None if collated else spark_order(table, req.keys)
+        ordered = None if collated else spark_order(table, req.keys, then)
     if ordered is not None:
-        return create_dataframe(spark, ordered, _output_schema(req))
-    out = create_dataframe(spark, table, _output_schema(req))
-    return out.orderBy(*[F.col(k).asc_nulls_first() for k in req.keys], "quantile")
+        return create_dataframe(spark, ordered, schema)
+    out = create_dataframe(spark, table, schema)
+    return out.orderBy(*[F.col(k).asc_nulls_first() for k in req.keys], *then)

@@ -507,3 +507,61 @@ def test_plain_listed_keys_take_the_vectorised_path_with_the_general_result(dtyp
         assert _plain_keys(keys + [2**bits], "g", dtype) is None
         with pytest.raises(ValueError, match="out of the range"):
             _check_groups(keys + [2**bits], ("g",), fields)
+
+
+# --------------------------------------------------------------------------------------------
+# layout="wide": the same release, one row per group
+
+@pytest.mark.parametrize("kw", [dict(delta=1e-6), dict(groups=[None, NAN, -0.0, 1.5, 7.0]),
+                                dict(groups="frame"), dict(), dict(bounds=False)])
+def test_wide_layout_is_the_long_release_one_row_per_group(spark, kw):
+    """Same seed, same data: the wide rows hold the long rows' values in quantile order, with
+    the keys in the same (Spark) order; a key without rows is answered too; nothing runs when
+    the result is read."""
+    groups = {"null": (None,), "nan": (NAN,), "zero": (-0.0,), "x": (1.5,)}
+    df, _ = _frame(spark, groups, "g double, x double", rows_per_group=51)
+    q = [0.1, 0.5, 0.9]
+    kw = dict(kw)
+    bounds = dict(lower=0.0, upper=1000.0) if kw.pop("bounds", True) else {}
+    if kw.get("groups") == "frame":
+        kw["groups"] = df.select("g")
+    if kw.get("groups") is not None or "delta" in kw:
+        kw["group_by"] = "g"
+    keys = ["g"] if "group_by" in kw else []
+
+    def release(layout):
+        return dp_quantiles(df, "x", quantiles=q, epsilon=1.0, rng=np.random.default_rng(11),
+                            layout=layout, **bounds, **kw)
+
+    long_rows = release("long").collect()
+    wide = release("wide")
+    assert wide.columns == [*keys, "value", "mechanism"]
+    assert wide.schema["value"].dataType == T.ArrayType(T.DoubleType(), False)
+    assert wide.schema["value"].metadata == {"quantiles": q}
+    before = _jobs(spark)
+    wide_rows = wide.collect()
+    assert _jobs(spark) == before
+    assert len(wide_rows) * len(q) == len(long_rows) > 0
+    for i, row in enumerate(wide_rows):
+        block = long_rows[len(q) * i: len(q) * (i + 1)]
+        assert [r["quantile"] for r in block] == q
+        assert _rows([[row[k] for k in keys]]) * len(q) == _rows([[r[k] for k in keys] for r in block])
+        assert row["value"] == [r["value"] for r in block]
+        assert {row["mechanism"]} == {r["mechanism"] for r in block}
+
+
+def test_wide_layout_refuses_a_release_not_in_blocks():
+    """The reshape checks that every group's quantiles come together and in order."""
+    from dpq_spark.spark.quantiles import _wide
+
+    class Req:
+        keys, quantiles = ("g",), (0.25, 0.75)
+
+    good = pa.table({"g": [1, 1, 2, 2], "quantile": [0.25, 0.75] * 2, "value": [1.0, 2.0, 3.0, 4.0],
+                     "mechanism": ["a", "a", "b", "b"]})
+    out = _wide(Req, good)
+    assert out.column("value").to_pylist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert out.column("g").to_pylist() == [1, 2] and out.column("mechanism").to_pylist() == ["a", "b"]
+    for bad in (good.slice(0, 3), good.take([1, 0, 2, 3])):
+        with pytest.raises(RuntimeError, match="not in blocks"):
+            _wide(Req, bad)

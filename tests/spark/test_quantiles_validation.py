@@ -24,7 +24,7 @@ def bomb(spark):
     boom = F.udf(explode, T.DoubleType())
     return spark.range(3).select(
         (F.col("id") % 2).alias("g"), F.lit("s").alias("s"), F.col("id").alias("user"),
-        F.col("id").alias("quantile"), boom("id").alias("x"), F.col("id").alias("__dpq_x"))
+        F.col("id").alias("quantile"), F.lit("m").alias("mechanism"), boom("id").alias("x"), F.col("id").alias("__dpq_x"))
 
 
 OK = dict(quantiles=[0.5], epsilon=1.0, lower=0.0, upper=1.0)
@@ -58,6 +58,9 @@ def call(df, column="x", **overrides):
         ("x", dict(group_by=[], groups=[1]), ValueError, r"`group_by` must name at least one column"),
         ("x", dict(group_by=["g", "g"], groups=[(1, 1)]), ValueError, r"`group_by` must not repeat"),
         ("x", dict(group_by="quantile", groups=[1]), ValueError, r"clashes with an output column"),
+        ("x", dict(group_by="mechanism", groups=["m"]), ValueError, r"`group_by` column 'mechanism' clashes"),
+        ("x", dict(layout="tall"), ValueError, r"`layout` must be 'long' or 'wide', got 'tall'"),
+        ("x", dict(layout=None), ValueError, r"`layout` must be 'long' or 'wide', got None"),
         ("x", dict(group_by=5, groups=[1]), TypeError, r"`group_by` must be a column name or a list"),
         ("x", dict(groups=[1]), ValueError, r"`groups` lists group keys, so it needs `group_by`"),
         ("x", dict(group_by="g"), ValueError, r"`group_by` needs public keys: pass `groups`"),
