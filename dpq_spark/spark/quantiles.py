@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
+_LITERAL_KEYS = 32  # up to this many plain keys of one column: a literal lookup, no join
 _RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to this many rows
 #: The ungrouped pass 1 counts rows per coarse cell k >> 16 (2**16 + 1 cells at most: a small
 #: hash aggregate); the grouped spill path keeps cells of k >> 12 (COARSE_SHIFT).
@@ -353,7 +354,10 @@ def _plan(req: QuantileRequest, key_table):
         noise_scale=noise_scale,
     )
     rows = flow.clean_rows(req)
-    if key_table is not None:
+    if key_table is not None and _literal_keys(req, key_table):
+        key = req.keys[0]
+        rows = flow.index_by_literals(rows, key, key_table.column(key).to_pylist())
+    elif key_table is not None:
         index = key_table.select(list(req.keys)).append_column(
             GID, pa.array(np.arange(key_table.num_rows, dtype=np.int64)))
         schema = T.StructType([*_output_schema(req).fields[:len(req.keys)],
@@ -365,6 +369,19 @@ def _plan(req: QuantileRequest, key_table):
     if req.privacy_unit is not None:
         rows = flow.bound_contributions(rows, req.keys, r, g, row_seed, group_seed)
     return params, rows
+
+
+def _literal_keys(req: QuantileRequest, key_table: pa.Table) -> bool:
+    """Whether the public keys take :func:`~dpq_spark.spark._dataflow.index_by_literals`: at
+    most ``_LITERAL_KEYS`` keys of one integral or ``UTF8_BINARY`` string column, none null
+    (types whose equality is plain, unlike doubles' NaN and -0.0 or collated strings)."""
+    if len(req.keys) != 1 or key_table.num_rows > _LITERAL_KEYS:
+        return False
+    dtype = req.df.schema[req.keys[0]].dataType
+    plain = isinstance(dtype, T.IntegralType) or (
+        isinstance(dtype, T.StringType)
+        and getattr(dtype, "collation", "UTF8_BINARY") == "UTF8_BINARY")
+    return plain and key_table.column(req.keys[0]).null_count == 0
 
 
 def _output_schema(req: QuantileRequest) -> T.StructType:

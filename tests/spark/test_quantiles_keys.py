@@ -565,3 +565,57 @@ def test_wide_layout_refuses_a_release_not_in_blocks():
     for bad in (good.slice(0, 3), good.take([1, 0, 2, 3])):
         with pytest.raises(RuntimeError, match="not in blocks"):
             _wide(Req, bad)
+
+
+# --------------------------------------------------------------------------------------------
+# A short plain key list takes a literal lookup instead of the join
+
+@pytest.mark.parametrize("ddl, keys, unlisted", [("g long", [BIG + 2, 3, -1, 99], BIG + 1),
+                                                 ("g string", ["b", "é", "", "zz"], "e"),
+                                                 ("g int", [7, 0, 5, 1234], 6)])
+def test_short_key_lists_take_the_literal_lookup_with_the_join_release(spark, monkeypatch, ddl, keys,
+                                                                       unlisted):
+    """Up to 32 plain keys: no join, the same seeded release as the join path (a key with no
+    rows answered, rows of an unlisted key dropped)."""
+    from dpq_spark.spark import _dataflow as flow
+    from dpq_spark.spark import quantiles as module
+
+    # keys[3] has no rows; the last group's key and the null key are not listed: dropped
+    groups = {i: (k,) for i, k in enumerate(keys[:3] + [unlisted])}
+    df, _ = _frame(spark, groups, f"{ddl}, x double", rows_per_group=31)
+    extra = spark.createDataFrame([(None, 1.0)], f"{ddl}, x double")
+    df = df.unionByName(extra)
+    kw = dict(quantiles=[0.25, 0.75], epsilon=1.0, lower=0.0, upper=1000.0, group_by="g",
+              groups=keys)
+
+    def release():
+        return _rows(dp_quantiles(df, "x", rng=np.random.default_rng(3), **kw).collect())
+
+    calls = []
+    real_join, real_literal = flow.attach_key_index, flow.index_by_literals
+    monkeypatch.setattr(flow, "attach_key_index", lambda *a, **k: calls.append("join") or real_join(*a, **k))
+    monkeypatch.setattr(flow, "index_by_literals", lambda *a, **k: calls.append("lit") or real_literal(*a, **k))
+    literal = release()
+    monkeypatch.setattr(module, "_LITERAL_KEYS", 0)
+    joined = release()
+    assert calls == ["lit", "join"]
+    assert literal == joined
+    assert sorted({r[0] for r in literal}, key=repr) == sorted(set(keys), key=repr)
+    # power: the lookup must number keys as the driver does; numbering them from 1 answers
+    # the wrong groups
+    monkeypatch.setattr(module, "_LITERAL_KEYS", 32)
+    monkeypatch.setattr(flow, "index_by_literals", lambda rows, key, values: real_literal(
+        rows, key, values[1:] + values[:1]))
+    assert release() != joined
+
+
+def test_keys_with_a_null_or_of_doubles_keep_the_join(spark, monkeypatch):
+    from dpq_spark.spark import _dataflow as flow
+
+    df, _ = _frame(spark, {0: (1.0,), 1: (None,)}, "g double, x double", rows_per_group=11)
+    dl, _ = _frame(spark, {0: (1,), 1: (None,)}, "g long, x double", rows_per_group=11)
+    monkeypatch.setattr(flow, "index_by_literals", None)  # would fail if called
+    for frame, groups in ((df, [1.0, 2.0]), (dl, [1, None])):
+        out = dp_quantiles(frame, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=1000.0,
+                           group_by="g", groups=groups)
+        assert out.count() == 2
