@@ -7,8 +7,12 @@ pyspark raises an ImportError that says which extra to install.
 
 from __future__ import annotations
 
-from dpq_spark.core import *  # noqa: F401,F403
+import dpq_spark.core as _core
 from dpq_spark.core import __all__ as _core_all
+
+# The core's names, except those it imports on first use (the median mechanism), which
+# __getattr__ below resolves through it.
+globals().update({name: getattr(_core, name) for name in _core_all if name not in _core._LAZY})
 
 __version__ = "0.1.0"
 
@@ -21,15 +25,16 @@ __all__ = list(_core_all) + sorted(_SPARK_NAMES)
 
 
 def __getattr__(name: str):
+    if name in _core._LAZY:
+        return getattr(_core, name)
     module = _SPARK_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'dpq_spark' has no attribute {name!r}")
     import importlib
 
     try:
-        mod = importlib.import_module(module)
+        return getattr(importlib.import_module(module), name)
     except ImportError as exc:  # pragma: no cover - exercised by the no-pyspark test
         raise ImportError(
             f"dpq_spark.{name} needs the Spark extra: pip install 'dpq_spark[spark]' ({exc})"
         ) from exc
-    return getattr(mod, name)

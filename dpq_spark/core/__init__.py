@@ -1,16 +1,22 @@
-"""The numpy/scipy core of dpq_spark: mechanisms and privacy accounting. Never imports pyspark."""
+"""The numpy/scipy core of dpq_spark: mechanisms and privacy accounting. Never imports pyspark.
+
+The median mechanism and its planner (which need scipy.sparse) are imported on first use
+(PEP 562), so that a Spark Python worker importing the quantile mechanisms does not pay for
+them. The mechanisms are imported here: their names are also the names of submodules
+(``joint_exp``, ``ind_exp``, ...), and a lazy name would lose to a submodule imported first.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError, SessionHaltedError
 from dpq_spark.core.bounds import PrivateBounds, private_bounds
 from dpq_spark.core.choose import QuantileRelease, choose_mechanism
-from dpq_spark.core.median_mechanism import AnswerKind, MedianAnswer, MedianMechanism
 from dpq_spark.core.mechanisms import (
     MECHANISMS, agg_tree, app_ind_exp, approx_quantiles, auto, csmooth, histogram, ind_exp, joint_exp,
     smooth,
 )
-from dpq_spark.core.planner import Plan, plan_median_session
 from dpq_spark.core.privacy import NeighboringRelation
 
 __all__ = [
@@ -38,3 +44,24 @@ __all__ = [
     "DPQValueError",
     "SessionHaltedError",
 ]
+
+_LAZY = {
+    "MedianMechanism": "dpq_spark.core.median_mechanism",
+    "MedianAnswer": "dpq_spark.core.median_mechanism",
+    "AnswerKind": "dpq_spark.core.median_mechanism",
+    "plan_median_session": "dpq_spark.core.planner",
+    "Plan": "dpq_spark.core.planner",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dpq_spark.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -85,7 +85,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import gammaln
+
+from dpq_spark.core._logscan import lgamma
 
 __all__ = ["FINE_STEPS", "COARSE_SHIFT", "coarse_of", "coarse_midpoints", "reachable",
            "settle", "spread_evenly", "represent", "log_box_bound", "BAND_LOG_TOL"]
@@ -145,7 +146,7 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     m = q.size
     j = np.arange(1, m + 1)
     size = float(steps + 1)
-    log_volume = (m - 1) * math.log(size + m) - gammaln(j) - gammaln(m - j + 1)
+    log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
     slack = log_volume + math.log(size) + math.log(m) + log_tol - log_low
     half = np.maximum(slack, 0.0) / (2.0 * c)
     # Keep C when [lo_C, hi_C] meets the union of [P_j - h_j, P_j + h_j] (merged, sorted).

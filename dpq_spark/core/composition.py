@@ -18,7 +18,6 @@ import functools
 import math
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
 
 from dpq_spark.core._validation import check_delta, check_epsilon, check_positive_int
 
@@ -43,7 +42,10 @@ def ddr_delta(eps0: float, m: int, epsilon: float) -> float:
         ``delta(eps0)`` of Dong, Durfee and Rogers (2020), Theorem 3 (0 when basic composition
         already gives ``epsilon``).
     """
+    from scipy.special import gammaln, logsumexp  # here, not at import: Spark workers never need it
+
     i = np.arange(m + 1, dtype=np.float64)
+
     log_binom = gammaln(m + 1) - gammaln(i + 1) - gammaln(m - i + 1)
     best = -np.inf
     for ell in range(m + 1):

@@ -103,9 +103,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import gammaln
 
 from dpq_spark.core._logscan import (
+    lgamma,
     logaddexp,
     segment_ends,
     segmented_logcumsumexp,
@@ -377,7 +377,7 @@ def _bands(start, width, log_width, pos, n, q, c, size):
         log_z_low, keep_lo, keep_hi = boxes
     j = np.arange(1, m + 1)
     # Sorted r-tuples of the `size` grid points: C(size + r - 1, r) <= (size + m)^r / r!.
-    log_volume = (m - 1) * math.log(size + m) - gammaln(j) - gammaln(m - j + 1)
+    log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
     slack = log_volume + math.log(size) + math.log(m) + _LOG_BAND_TOL - log_z_low
     half = np.maximum(slack, 0.0) / (2.0 * c)
     lo = np.searchsorted(pos, cum_target - half, side="left")

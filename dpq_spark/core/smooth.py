@@ -19,7 +19,6 @@ import math
 import numbers
 
 import numpy as np
-from scipy.optimize import brentq
 
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._request import QuantileRequest, validate_request
@@ -166,6 +165,8 @@ def csmooth_parameters(epsilon_each: float, t: float | None = None) -> tuple[flo
     if t is None:
         t = eps / (2.0 * math.sqrt(5.0))
     t = float(t)
+    from scipy.optimize import brentq  # here, not at import: Spark workers never need it
+
     sigma = brentq(lambda s: (5.0 * eps / t) * s**3 - 5.0 * s**2 - 1.0, 1e-12, 1e6 + 10.0 * t / eps, xtol=1e-15)
     s = math.exp(-1.5 * sigma**2) * (eps - t / sigma)
     return t, sigma, s

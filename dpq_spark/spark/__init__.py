@@ -1,8 +1,33 @@
-"""The Spark layer of dpq_spark (DataFrame API only, so it also runs on Spark Connect)."""
+"""The Spark layer of dpq_spark (DataFrame API only, so it also runs on Spark Connect).
+
+The public names are imported on first use (PEP 562): a Spark Python worker that imports
+``dpq_spark.spark._release`` pays for that module alone, not for pyspark.sql, pandas and the
+median-mechanism session.
+"""
 
 from __future__ import annotations
 
-from dpq_spark.spark.median_session import CategoricalColumn, MedianMechanismSession, NumericColumn, QuantileAnswer
-from dpq_spark.spark.quantiles import dp_quantiles
+import importlib
+
+_NAMES = {
+    "dp_quantiles": "dpq_spark.spark.quantiles",
+    "MedianMechanismSession": "dpq_spark.spark.median_session",
+    "NumericColumn": "dpq_spark.spark.median_session",
+    "CategoricalColumn": "dpq_spark.spark.median_session",
+    "QuantileAnswer": "dpq_spark.spark.median_session",
+}
 
 __all__ = ["dp_quantiles", "MedianMechanismSession", "NumericColumn", "CategoricalColumn", "QuantileAnswer"]
+
+
+def __getattr__(name: str):
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dpq_spark.spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -6,8 +6,9 @@ bounds, JointExp and IndExp get each group's indices on the core's default grid 
 partition past the fold budget the represented data of :mod:`dpq_spark.core.coarse_bands`);
 ApproxQuantiles and AggTree get coarse cells. For ``mechanism="auto"`` the noisy count and choice
 come first (:func:`~dpq_spark.core.choose.plan_auto`), so the fold knows which data a spilled
-group needs. It imports pandas, numpy and pyarrow only, never pyspark, so that it pickles by
-reference and stays cheap to import in a Python worker.
+group needs. It imports numpy and pyarrow only (pandas only for the driver's per-group frames),
+never pyspark or scipy, so that it pickles by reference and stays cheap to import in a Python
+worker (tests/spark/test_worker_imports.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import tempfile
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from dpq_spark.core._random import resolve_rng
@@ -690,6 +690,8 @@ def _release_buckets(counter: _Counter, params: ReleaseParams, units_of, hash_of
 
 
 def _frame(keys: dict, params: ReleaseParams, values: np.ndarray, mechanism: str) -> pd.DataFrame:
+    import pandas as pd  # here, not at import: the Arrow paths of a Spark worker never need it
+
     m = len(values)
     data = {k: pd.Series([v] * m) for k, v in keys.items()}
     data["quantile"] = np.asarray(params.quantiles[:m], dtype=np.float64)
