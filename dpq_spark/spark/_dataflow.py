@@ -220,11 +220,15 @@ def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower, upper,
 def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
     """Grouped path with public keys: one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k
     the grid index; the caller refuses more than 2**30 keys so it fits) or without bounds
-    ``GID * resolution + bucket``; hash partitioned by ``GID`` (one shuffle); only ``CODE``
-    travels to Python. The frame carries its schema (``DataFrame.to``), so that a Spark Connect
+    ``GID * resolution + bucket``; hash partitioned by ``GID`` computed back from the code (one
+    shuffle, of the code alone); only ``CODE`` travels to Python. The frame carries its schema (``DataFrame.to``), so that a Spark Connect
     client need not ask the server for it: ``mapInArrow`` reads the input's columns, which
     would otherwise cost an analysis round trip of the whole plan."""
     span = CODE_SPAN if lower is not None else resolution
     code = F.col(GID).cast("long") * F.lit(span).cast("long") + value_cell(lower, upper, resolution)
-    codes = rows.select(F.col(GID), code.alias(CODE)).repartition(GID).select(CODE)
+    # Partitioned by the key index recomputed from the code (the same value, hence the same
+    # partition, as partitioning by GID), so that the shuffle carries the code alone.
+    gid = (F.shiftright(F.col(CODE), CODE_SPAN.bit_length() - 1) if lower is not None
+           else F.expr(f"`{CODE}` div {int(span)}"))
+    codes = rows.select(code.alias(CODE)).repartition(gid)
     return codes.to(_CODE_SCHEMA)
