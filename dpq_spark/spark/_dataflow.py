@@ -86,12 +86,15 @@ def attach_key_index(rows: DataFrame, keys: tuple[str, ...], index_df: DataFrame
 
 def index_by_literals(rows: DataFrame, key: str, values: list) -> DataFrame:
     """What :func:`attach_key_index` gives for a short list of keys of one integral or
-    ``UTF8_BINARY`` string column with no null: ``GID`` is the key's place in ``values`` (by
-    ``array_position`` over literals, plain equality for these types), and rows whose key is not
-    listed are dropped. No join: on Spark Connect the broadcast of the key list cost about 0.2 s
-    of a 0.5 s release of 1e5 rows."""
-    place = F.array_position(F.array(*[F.lit(v) for v in values]), F.col(key))
-    return rows.withColumn(GID, (place - F.lit(1)).cast("long")).where(F.col(GID) >= 0)
+    ``UTF8_BINARY`` string column with no null: ``GID`` is the key's place in ``values`` (a
+    ``CASE WHEN key = value ...`` over literals, plain equality for these types; a null key
+    matches none), and rows whose key is not listed are dropped. No join: on Spark Connect the
+    broadcast of the key list cost about 0.1-0.2 s of a 0.5-0.7 s release of 1e5 rows."""
+    column = F.col(key)
+    place = F.when(column == F.lit(values[0]), F.lit(0))
+    for i, value in enumerate(values[1:], start=1):
+        place = place.when(column == F.lit(value), F.lit(i))
+    return rows.withColumn(GID, place.cast("long")).where(F.col(GID).isNotNull())
 
 
 def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, max_groups: int,

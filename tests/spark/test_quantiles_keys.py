@@ -540,7 +540,8 @@ def test_wide_layout_is_the_long_release_one_row_per_group(spark, kw):
     assert wide.schema["value"].metadata == {"quantiles": q}
     before = _jobs(spark)
     wide_rows = wide.collect()
-    assert _jobs(spark) == before
+    if SPARK_VERSION >= (4, 0):  # 3.5 builds a result holding a NaN key from Python rows
+        assert _jobs(spark) == before
     assert len(wide_rows) * len(q) == len(long_rows) > 0
     for i, row in enumerate(wide_rows):
         block = long_rows[len(q) * i: len(q) * (i + 1)]
