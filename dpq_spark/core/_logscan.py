@@ -11,6 +11,11 @@ subtracting the row maximum (one ``exp``, one ``cumsum``, one ``log``); rows who
 into the subnormal range (a row spanning more than ~690 nats) are rescanned exactly with
 ``numpy.logaddexp.accumulate``; row totals are then carried across the rows of a segment by the
 same routine, recursively.
+
+With ``independent=True`` the rows are always ``width`` wide and the per-segment small path is
+off, so every output depends only on its own segment (bit for bit, whatever the other segments
+are): JointExp's batched forward pass relies on this to give each group exactly the numbers it
+gets alone.
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ def _row_scan(m: np.ndarray) -> np.ndarray:
     return out
 
 
-def segmented_logcumsumexp(z: np.ndarray, starts: np.ndarray, width: int = 128) -> np.ndarray:
+def segmented_logcumsumexp(z: np.ndarray, starts: np.ndarray, width: int = 128,
+                           independent: bool = False) -> np.ndarray:
     """Inclusive log-cumsum-exp of ``z`` restarted at every index in ``starts``.
 
     Parameters
@@ -71,6 +77,10 @@ def segmented_logcumsumexp(z: np.ndarray, starts: np.ndarray, width: int = 128) 
         Sorted int64 indices where segments begin; ``starts[0]`` must be 0.
     width : int
         Row width of the blocked layout.
+    independent : bool
+        Always use rows of ``width`` elements and no small-input path, so that each segment's
+        outputs are the same bits whatever the other segments are (default False: a faster
+        layout chosen from the whole input).
 
     Returns
     -------
@@ -81,14 +91,14 @@ def segmented_logcumsumexp(z: np.ndarray, starts: np.ndarray, width: int = 128) 
     if size == 0:
         return z.copy()
     nseg = starts.shape[0]
-    if size <= _SMALL and nseg <= 64:
+    if size <= _SMALL and nseg <= 64 and not independent:
         # Small inputs: numpy's sequential log-add per segment beats the blocked layout's overhead.
         out = np.empty(size)
         for a, b in zip(starts.tolist(), np.append(starts[1:], size).tolist()):
             np.logaddexp.accumulate(z[a:b], out=out[a:b])
         return out
     lengths = np.diff(np.append(starts, size))
-    w = int(min(width, max(1, -(-size // nseg))))
+    w = int(width) if independent else int(min(width, max(1, -(-size // nseg))))
     rows_per_seg = -(-lengths // w)
     row_base = np.zeros(nseg, dtype=np.int64)
     np.cumsum(rows_per_seg[:-1], out=row_base[1:])
@@ -103,7 +113,7 @@ def segmented_logcumsumexp(z: np.ndarray, starts: np.ndarray, width: int = 128) 
     out = scanned[flat]
     if rows_per_seg.max() > 1:
         totals = scanned.reshape(nrows, w)[:, -1]
-        inclusive = segmented_logcumsumexp(totals, row_base, width)
+        inclusive = segmented_logcumsumexp(totals, row_base, width, independent)
         carry = np.empty(nrows)
         carry[0] = -np.inf
         carry[1:] = inclusive[:-1]
@@ -112,10 +122,11 @@ def segmented_logcumsumexp(z: np.ndarray, starts: np.ndarray, width: int = 128) 
     return out
 
 
-def segmented_logcumsumexp_reverse(z: np.ndarray, starts: np.ndarray, width: int = 128) -> np.ndarray:
+def segmented_logcumsumexp_reverse(z: np.ndarray, starts: np.ndarray, width: int = 128,
+                                   independent: bool = False) -> np.ndarray:
     """Inclusive suffix version: each element gets the log-sum-exp from itself to its segment's end."""
     size = z.shape[0]
     if size == 0:
         return z.copy()
     rev_starts = (size - 1 - segment_ends(starts, size))[::-1]
-    return segmented_logcumsumexp(z[::-1], np.ascontiguousarray(rev_starts), width)[::-1]
+    return segmented_logcumsumexp(z[::-1], np.ascontiguousarray(rev_starts), width, independent)[::-1]

@@ -120,7 +120,7 @@ from dpq_spark.core._validation import (
     check_positive_int,
     check_quantiles,
 )
-from dpq_spark.core.grid import MAX_GRID_STEPS, Grid, draw_index, uniform_multiset
+from dpq_spark.core.grid import MAX_GRID_STEPS, Grid, draw_index, draw_index_rows, uniform_multisets
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
 
 __all__ = ["joint_exp", "joint_exp_indices"]
@@ -440,42 +440,75 @@ def _log_sequence_weight(seq, width, log_width, pos, n, q, c) -> float:
 def _kernel_sums(src_pos, src_log, rec_pos, t, c):
     """``log sum_{i': src_pos[i'] < rec_pos[i]} exp(src_log[i'] - c |rec_pos[i] - src_pos[i'] - t|)``.
 
-    Sources and receivers are sorted by position. Exact up to a few ulps of relative error.
+    Sources and receivers are sorted by position. Exact up to a few ulps of relative error. One
+    group of :func:`_kernel_sums_many` (the same numbers).
+    """
+    src_pos, rec_pos = np.asarray(src_pos, dtype=np.float64), np.asarray(rec_pos, dtype=np.float64)
+    return _kernel_sums_many(src_pos, np.asarray(src_log, dtype=np.float64), np.array([0, src_pos.size]),
+                             rec_pos, np.array([0, rec_pos.size]), np.array([float(t)]), c)
+
+
+def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
+    """:func:`_kernel_sums` for G groups at once, flat: group g has the sources
+    ``src_off[g]:src_off[g + 1]``, the receivers ``rec_off[g]:rec_off[g + 1]`` (each sorted by
+    position) and the target ``t[g]``; a receiver sums over its own group's sources only.
+
+    Blocks of ``0.75 t[g]`` never cross a group boundary, the carry restarts at every group, and
+    the scans are segment-local (``independent=True``), so every output is the same float64
+    number as for its group alone.
     """
     out = np.full(rec_pos.size, -np.inf)
     if src_pos.size == 0 or rec_pos.size == 0:
         return out
-    T = rec_pos - t  # a source at p contributes exp(-c (T - p)) if p <= T, exp(-c (p - T)) if p > T
-    lo = np.searchsorted(src_pos, T, side="right")  # sources [0, lo) are causal
-    hi = np.searchsorted(src_pos, rec_pos, side="left")  # sources [lo, hi) are in the window
+    groups = np.arange(t.size)
+    src_len, rec_len = np.diff(src_off), np.diff(rec_off)
+    rg, sg = np.repeat(groups, rec_len), np.repeat(groups, src_len)
+    T = rec_pos - t[rg]  # a source at p contributes exp(-c (T - p)) if p <= T, exp(-c (p - T)) if p > T
+    lo = np.empty(rec_pos.size, dtype=np.int64)
+    hi = np.empty(rec_pos.size, dtype=np.int64)
+    for g, a, b, ra, rb in zip(groups.tolist(), src_off[:-1].tolist(), src_off[1:].tolist(),
+                               rec_off[:-1].tolist(), rec_off[1:].tolist()):
+        if ra == rb:
+            continue
+        src = src_pos[a:b]
+        lo[ra:rb] = np.searchsorted(src, T[ra:rb], side="right") + a  # sources [a, lo) are causal
+        hi[ra:rb] = np.searchsorted(src, rec_pos[ra:rb], side="left") + a  # [lo, hi): the window
     lo = np.minimum(lo, hi)  # only when t = 0 (n = 0): a source must lie strictly left
-    tau = 0.75 * t if t > 0 else 1.0  # t = 0 only when n = 0: no window part then
+    tau = np.where(t > 0, 0.75 * t, 1.0)[sg]  # t = 0 only when n = 0: no window part then
     block = np.floor(src_pos / tau)
-    starts = np.flatnonzero(np.concatenate(([True], block[1:] != block[:-1])))
+    new = np.ones(src_pos.size, dtype=bool)
+    new[1:] = (block[1:] != block[:-1]) | (sg[1:] != sg[:-1])
+    starts = np.flatnonzero(new)
     nseg = starts.size
     seg = np.repeat(np.arange(nseg), np.diff(np.append(starts, src_pos.size)))
-    base = block[starts] * tau
+    base = block[starts] * tau[starts]
     local = src_pos - base[seg]  # in [0, tau) up to rounding
     z_plus = src_log + c * local
     z_minus = src_log - c * local
-    pre_plus = segmented_logcumsumexp(z_plus, starts)
-    pre_minus = segmented_logcumsumexp(z_minus, starts)
-    suf_minus = segmented_logcumsumexp_reverse(z_minus, starts)
+    pre_plus = segmented_logcumsumexp(z_plus, starts, independent=True)
+    pre_minus = segmented_logcumsumexp(z_minus, starts, independent=True)
+    suf_minus = segmented_logcumsumexp_reverse(z_minus, starts, independent=True)
     ends = segment_ends(starts, src_pos.size)
     tot_plus = pre_plus[ends]
     tot_minus = pre_minus[ends]
 
-    # Decayed sum of all sources of earlier segments, taken at each segment's base:
-    # carry[s] = log sum_{i' in segments < s} exp(src_log[i'] - c (base[s] - p_{i'})).
+    # Decayed sum of the sources of the group's earlier segments, taken at each segment's base:
+    # carry[s] = log sum_{i' in segments < s of its group} exp(src_log[i'] - c (base[s] - p_{i'})).
     carry = np.full(nseg, -np.inf)
+    first_seg = np.ones(nseg, dtype=bool)
+    first_seg[1:] = sg[starts[1:]] != sg[starts[:-1]]
+    tot, bases, fresh = tot_plus.tolist(), base.tolist(), first_seg.tolist()
     running = -math.inf
     for s in range(1, nseg):
-        prev = _logaddexp_scalar(running, float(tot_plus[s - 1]))
-        running = prev - c * float(base[s] - base[s - 1])
+        if fresh[s]:
+            running = -math.inf
+            continue
+        prev = _logaddexp_scalar(running, tot[s - 1])
+        running = prev - c * (bases[s] - bases[s - 1])
         carry[s] = running
 
     # Causal part.
-    has_causal = lo > 0
+    has_causal = lo > src_off[:-1][rg]
     if has_causal.any():
         last = lo[has_causal] - 1
         s_last = seg[last]
@@ -529,168 +562,153 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
 
 
 class _Forward:
-    """The forward tables over the bands: ``A_j`` (k = 1 slices) and prefix maxima for runs."""
+    """The forward tables of G groups over their bands: ``A_j`` (k = 1 slices), prefix maxima for
+    runs, and the run sums ``S_j``, every step's bands of all groups in one flat array.
 
-    def __init__(self, width, log_width, pos, n, q, c, lo, hi):
+    Group g owns the cells ``coff[g]:coff[g + 1]`` of the concatenated ``width``, ``log_width``
+    and ``pos``; its band j is its local cells ``lo[g, j-1]:hi[g, j-1]`` (never empty). Step j's
+    tables hold the groups' bands j one after another, group g's at ``off[j-1, g]``. Every
+    number is computed elementwise from its own group's data (per-group scalars broadcast, scans
+    restarted per group), so a group's tables are the same bits in any batch, alone included.
+    """
+
+    def __init__(self, width, log_width, pos, coff, n, q, c, lo, hi):
         self.width = np.asarray(width, dtype=np.float64)  # integer counts of grid points
-        self.log_width, self.pos, self.n, self.q, self.c = log_width, pos, n, q, c
-        self.lo, self.hi = lo, hi
-        self.m = q.size
-        self.cum_target = q * n
-        self.targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
-        self.A: list[np.ndarray] = []  # A_j on band j, stored minus nu[j]
-        self.G_max: list[np.ndarray] = []  # max_{j'<=j} (A_j' - Lambda_j') on band j, true scale
-        self.nu = np.zeros(self.m)
-        self.S_last: np.ndarray | None = None
-        # Keep every S_j for the backward pass unless that would take more than 512 MiB.
-        self.S_cache: dict[int, np.ndarray] | None = {} if int((hi - lo).sum()) <= 2**26 else None
-
-    def _band(self, j: int) -> slice:  # j is 1-based
-        return slice(int(self.lo[j - 1]), int(self.hi[j - 1]))
+        self.log_width, self.pos, self.q, self.c = log_width, pos, q, c
+        self.n = np.asarray(n, dtype=np.float64)
+        self.G, self.m = self.n.size, q.size
+        self.cum_target = self.n[:, None] * q[None, :]  # P_j, shape (G, m)
+        self.targets = np.diff(np.concatenate(([0.0], q, [1.0])))[None, :] * self.n[:, None]
+        self.first = coff[:-1, None] + lo  # global first cell of each band, shape (G, m)
+        self.length = hi - lo
+        if not np.all(self.length > 0):
+            raise AssertionError("JointExp band without cells")  # cannot happen: ref is kept
+        self.off = np.zeros((self.m, self.G + 1), dtype=np.int64)
+        np.cumsum(self.length.T, axis=1, out=self.off[:, 1:])
+        self.base = np.concatenate(([0], np.cumsum(self.off[:, -1])))  # step j at base[j-1]
+        self.gid = [np.repeat(np.arange(self.G), self.length[:, j]) for j in range(self.m)]
+        self.cells = [np.arange(self.off[j, -1]) - self.off[j, :-1][self.gid[j]] + self.first[self.gid[j], j]
+                      for j in range(self.m)]
+        self.A: list[np.ndarray] = []  # A_j on the bands j, stored minus nu[:, j-1]
+        self.G_max: list[np.ndarray] = []  # max_{j'<=j} (A_j' - Lambda_j') on the bands j, true scale
+        self.S: list[np.ndarray] = []  # S_j minus its group's nu (kept for the backward pass)
+        self.nu = np.zeros((self.G, self.m))
 
     def run(self) -> None:
         for j in range(1, self.m + 1):
-            band = self._band(j)
-            L = self.log_width[band]
-            p = self.pos[band]
+            cells, gid = self.cells[j - 1], self.gid[j - 1]
+            L = self.log_width[cells]
+            p = self.pos[cells]
             if j == 1:
-                A = L - self.c * np.abs(p - self.targets[0])
-                nu_a = 0.0
+                A = L - self.c * np.abs(p - self.targets[gid, 0])
+                nu_a = np.zeros(self.G)
             else:
-                prev = self._band(j - 1)
-                A = L + _kernel_sums(self.pos[prev], self.S_last, p, self.targets[j - 1], self.c)
-                nu_a = self.nu[j - 2]
+                A = L + _kernel_sums_many(self.pos[self.cells[j - 2]], self.S[-1], self.off[j - 2],
+                                          p, self.off[j - 1], self.targets[:, j - 1], self.c)
+                nu_a = self.nu[:, j - 2]
             self._store(j, A, nu_a)
-            self.nu[j - 1] = nu_a
+            self.nu[:, j - 1] = nu_a
             S = self.run_sums(j)
-            shift = float(np.max(S))
-            if not math.isfinite(shift):  # cannot happen: the reference sequence has mass
+            shift = np.maximum.reduceat(S, self.off[j - 1, :-1])
+            if not np.all(np.isfinite(shift)):  # cannot happen: the reference sequence has mass
                 raise FloatingPointError("JointExp forward pass lost all mass")
-            self.A[-1] -= shift
-            self.nu[j - 1] = nu_a + shift
-            self.S_last = S - shift
-            if self.S_cache is not None:
-                self.S_cache[j] = self.S_last
+            self.A[-1] -= shift[gid]
+            self.nu[:, j - 1] = nu_a + shift
+            self.S.append(S - shift[gid])
+        self.A_all = np.concatenate(self.A)  # every step's tables, step j at base[j-1]
+        self.S_all = np.concatenate(self.S)
 
-    def _store(self, j: int, A: np.ndarray, nu_a: float) -> None:
-        band = self._band(j)
-        lam = self._log_lambda(j, band)
-        G = A + nu_a - lam
+    def _store(self, j: int, A: np.ndarray, nu_a: np.ndarray) -> None:
+        cells, gid = self.cells[j - 1], self.gid[j - 1]
+        G = A + nu_a[gid] - self._log_lambda(j, cells, gid)
         if j > 1:
-            prev = self._band(j - 1)
-            ov_lo, ov_hi = max(band.start, prev.start), min(band.stop, prev.stop)
-            if ov_lo < ov_hi:
-                mine = slice(ov_lo - band.start, ov_hi - band.start)
-                theirs = self.G_max[-1][ov_lo - prev.start : ov_hi - prev.start]
-                G[mine] = np.maximum(G[mine], theirs)
+            idx, inside = self._index(np.full(gid.size, j - 1), cells, gid)
+            G[inside] = np.maximum(G[inside], self.G_max[-1][idx[inside] - self.base[j - 2]])
         self.A.append(A)
         self.G_max.append(G)
 
-    def _log_lambda(self, j: int, band: slice) -> np.ndarray:
+    def _log_lambda(self, j: int, cells: np.ndarray, gid: np.ndarray) -> np.ndarray:
         """Lambda_j(i) = sum_{t<=j} log(phi_t(0) w_i) = -c P_j + j log w_i."""
-        return -self.c * self.cum_target[j - 1] + j * self.log_width[band]
+        return -self.c * self.cum_target[gid, j - 1] + j * self.log_width[cells]
 
-    def _gather(self, table: list[np.ndarray], jp: int, cells: np.ndarray, offset: float) -> np.ndarray:
-        """``table[jp-1]`` (plus ``offset``) at sorted global cells ``cells``; -inf outside band jp."""
-        lo, hi = int(self.lo[jp - 1]), int(self.hi[jp - 1])
-        if cells.size and cells[0] >= lo and cells[-1] < hi:
-            return table[jp - 1][cells - lo] + offset
+    def _index(self, jp: np.ndarray, cells: np.ndarray, gid: np.ndarray):
+        """``(idx, inside)``: where global cell ``cells`` of group ``gid`` sits in the tables of
+        step ``jp`` (1-based, per element) counted over all steps (``base``), and whether it lies
+        in that band at all (``idx`` is 0 where not)."""
+        rel = cells - self.first[gid, jp - 1]
+        inside = (rel >= 0) & (rel < self.length[gid, jp - 1])
+        idx = np.where(inside, self.base[jp - 1] + self.off[jp - 1, gid] + rel, 0)
+        return idx, inside
+
+    def _gather(self, table: list[np.ndarray], jp: int, cells, gid, offset) -> np.ndarray:
+        """``table[jp-1]`` (plus ``offset``, a scalar or per element) at global cells ``cells`` of
+        groups ``gid``; -inf outside their bands jp."""
+        idx, inside = self._index(np.full(gid.size, jp), cells, gid)
         out = np.full(cells.size, -np.inf)
-        inside = (cells >= lo) & (cells < hi)
-        out[inside] = table[jp - 1][cells[inside] - lo] + offset
-        return out
-
-    def finished_sums(self, j: int) -> np.ndarray:
-        """S_j of a finished step (cached, or computed again)."""
-        if self.S_cache is not None:
-            return self.S_cache[j]
-        return self.run_sums(j)
-
-    def _on_band(self, table: list[np.ndarray], jp: int, band: slice, offset: float) -> np.ndarray:
-        """``table[jp-1]`` (plus ``offset``) over all cells of ``band``; -inf outside band jp."""
-        lo, hi = int(self.lo[jp - 1]), int(self.hi[jp - 1])
-        if lo <= band.start and band.stop <= hi:
-            return table[jp - 1][band.start - lo : band.stop - lo] + offset
-        out = np.full(band.stop - band.start, -np.inf)
-        a, b = max(lo, band.start), min(hi, band.stop)
-        if a < b:
-            out[a - band.start : b - band.start] = table[jp - 1][a - lo : b - lo] + offset
+        got = table[jp - 1][idx[inside] - self.base[jp - 1]]
+        out[inside] = got + (offset if np.ndim(offset) == 0 else offset[inside])
         return out
 
     def run_sums(self, j: int) -> np.ndarray:
-        """S_j = log sum_k alpha(j, i, k) on band j, minus nu_j (the scale of the stored A_j).
+        """S_j = log sum_k alpha(j, i, k) on the bands j, minus nu_j (the scale of the stored A_j).
 
         A run of k outputs in cell i (w grid points) carries ``C(w + k - 1, k) = w R_k(w)``
-        multisets, ``log R_k(w) = sum_{t=2..k} log((w + t - 1) / t)``. Run lengths are added while
-        an upper bound on all longer runs is not below ``2**-72`` of the sum so far, for any cell:
-        with ``rho_k(w) = log R_k(w) - (k - 1) log w`` nonincreasing in k (for w >= 1), the terms
-        with run start <= jp are each at most ``exp(G_max_jp + Lambda_j + rho_k(w))``, so the
-        j - k + 1 of them sum to at most that times j - k + 1. While many cells need a term, it is
-        added on the whole band (adding a negligible term to a finished cell only makes it more
-        exact); once few do, only on those.
+        multisets, ``log R_k(w) = sum_{t=2..k} log((w + t - 1) / t)``. Run lengths are added
+        while an upper bound on all longer runs is not below ``2**-72`` of the sum so far, cell
+        by cell: with ``rho_k(w) = log R_k(w) - (k - 1) log w`` nonincreasing in k (for w >= 1),
+        the terms with run start <= jp are each at most ``exp(G_max_jp + Lambda_j + rho_k(w))``,
+        so the j - k + 1 of them sum to at most that times j - k + 1. A cell stops at its first
+        k whose bound is below that (the rule depends on the cell's own numbers only).
         """
-        band = self._band(j)
+        cells, gid = self.cells[j - 1], self.gid[j - 1]
         acc = self.A[j - 1].copy()
         if j == 1:
             return acc
-        scale = self.nu[j - 1]
-        L = self.log_width[band]
-        W = self.width[band]
-        lam_j = self._log_lambda(j, band) - scale
-        size = acc.size
-        active: np.ndarray | None = None  # None: every cell of the band (dense mode)
-        log_r = np.zeros(size)  # log R_k(w) on the current cells (band, or active)
+        scale = self.nu[gid, j - 1]
+        L = self.log_width[cells]
+        W = self.width[cells]
+        lam_j = self._log_lambda(j, cells, gid) - scale
+        active = np.arange(acc.size)  # the cells still summing
+        act_cells, act_gid = cells, gid
+        log_r = np.zeros(acc.size)  # log R_k(w) on the active cells
         for k in range(2, j + 1):
             jp = j - k + 1  # the run of k outputs starts at output jp
             log_count = math.log(j - k + 1)
-            shift = -self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1]) - scale
-            if active is None:
-                log_r += _log_run_step(W, k)
-                bound = self._on_band(self.G_max, jp, band, log_count) + lam_j + log_r - (k - 1) * L
-                need = bound >= acc - _LOG_RUN_TOL
-                count = int(np.count_nonzero(need))
-                if count == 0:
-                    break
-                if count * 8 < size:
-                    active = np.flatnonzero(need)
-                    log_r = log_r[active]
-                else:
-                    term = self._on_band(self.A, jp, band, self.nu[jp - 1] + shift) + log_r
-                    acc = logaddexp(acc, term)
-                    continue
-            else:
-                log_r += _log_run_step(W[active], k)
-                cells = band.start + active
-                bound = (
-                    self._gather(self.G_max, jp, cells, log_count)
-                    + lam_j[active]
-                    + log_r
-                    - (k - 1) * L[active]
-                )
-                keep = bound >= acc[active] - _LOG_RUN_TOL
+            log_r += _log_run_step(W[active], k)
+            bound = (self._gather(self.G_max, jp, act_cells, act_gid, log_count) + lam_j[active]
+                     + log_r - (k - 1) * L[active])
+            keep = bound >= acc[active] - _LOG_RUN_TOL
+            if not keep.all():
                 active, log_r = active[keep], log_r[keep]
+                act_cells, act_gid = act_cells[keep], act_gid[keep]
                 if active.size == 0:
                     break
-            cells = band.start + active
-            term = self._gather(self.A, jp, cells, self.nu[jp - 1] + shift) + log_r
+            shift = -self.c * (self.cum_target[act_gid, j - 1] - self.cum_target[act_gid, jp - 1]) - scale[active]
+            term = self._gather(self.A, jp, act_cells, act_gid, self.nu[act_gid, jp - 1] + shift) + log_r
             acc[active] = logaddexp(acc[active], term)
         return acc
 
-    def run_terms_single(self, j: int, i: int) -> np.ndarray:
-        """log alpha(j, i, k) for k = 1..j at one global cell i (true scale minus nu_j)."""
-        scale = self.nu[j - 1]
-        terms = np.full(j, -np.inf)
-        w = np.float64(self.width[i])
-        log_r = 0.0
-        for k in range(1, j + 1):
+    def run_terms(self, j: np.ndarray, i: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """log alpha(j, i, k) for k = 1..j (true scale minus nu_j), one row per (step ``j``,
+        global cell ``i``, group ``g``); -inf where k > j or the run's first output is outside
+        its band. Shape ``(len(j), max(j))``."""
+        rows = j.size
+        terms = np.full((rows, int(j.max())), -np.inf)
+        A_all = self.A_all
+        scale = self.nu[g, j - 1]
+        w = self.width[i]
+        log_r = np.zeros(rows)
+        for k in range(1, int(j.max()) + 1):
             if k > 1:
-                log_r += float(_log_run_step(w, k))
-            jp = j - k + 1
-            lo, hi = int(self.lo[jp - 1]), int(self.hi[jp - 1])
-            if not lo <= i < hi:
-                continue
-            A_true = self.A[jp - 1][i - lo] + self.nu[jp - 1]
-            terms[k - 1] = A_true - scale - self.c * (self.cum_target[j - 1] - self.cum_target[jp - 1]) + log_r
+                log_r += _log_run_step(w, k)
+            valid = k <= j
+            jp = np.where(valid, j - k + 1, 1)
+            idx, inside = self._index(jp, i, g)
+            ok = valid & inside
+            A_true = A_all[idx[ok]] + self.nu[g[ok], jp[ok] - 1]
+            terms[ok, k - 1] = (A_true - scale[ok] - self.c * (self.cum_target[g[ok], j[ok] - 1]
+                                                              - self.cum_target[g[ok], jp[ok] - 1])
+                                + log_r[ok])
         return terms
 
 
@@ -707,6 +725,10 @@ def _logaddexp_scalar(a: float, b: float) -> float:
     return top + math.log1p(math.exp(-abs(a - b)))
 
 
+# --------------------------------------------------------------------------------------------
+# Sampling
+
+
 def _sample_indices(idx, counts, q, c, size, source, draws=1):
     """``draws`` independent draws from one forward pass: sorted grid indices, shape (draws, m).
 
@@ -717,39 +739,157 @@ def _sample_indices(idx, counts, q, c, size, source, draws=1):
 
 def _sample_cells(cells, q, c, size, source, draws=1):
     """:func:`_sample_indices` from the data's cells, ``cells = _grid_cells(idx, counts, size)``
-    (for a caller that has built them already)."""
-    start, width, log_width, pos, n = cells
+    (for a caller that has built them already): :func:`_sample_many` on this one group."""
+    return _sample_many([cells], q, c, size, source, rows=np.zeros(draws, dtype=np.int64))
+
+
+def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
+    """JointExp for many groups in one pass: one draw per group (or per entry of ``rows``).
+
+    Parameters
+    ----------
+    cells_list : sequence of tuple
+        Each group's ``_grid_cells(idx, counts, size)``; all groups share ``q``, ``c`` and the
+        grid ``size`` (their numbers of rows differ).
+    q : numpy.ndarray
+        The m validated quantiles.
+    c : float
+        ``epsilon / (2 Delta)``.
+    size : int
+        The number of grid points.
+    source : RandomSource
+        The randomness (exact integer draws only).
+    rows : numpy.ndarray of int, optional
+        The group of each output row (default: one row per group, in order); a group may
+        appear many times (independent draws from one forward pass).
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted grid indices, shape ``(len(rows), m)``, int64.
+
+    Notes
+    -----
+    Each row has exactly the distribution :func:`_sample_cells` gives its group alone, which
+    is this very code with one group: bands come from :func:`_bands` per group, and the forward
+    tables (:class:`_Forward`) are the same float64 numbers in any batch. The backward pass
+    draws every row's cells with :func:`~dpq_spark.core.grid.draw_index_rows` on padded rows
+    (exact for the same float64 weights; it consumes randomness in another order than per-group
+    :func:`~dpq_spark.core.grid.draw_index` would) and each run's grid points with
+    :func:`~dpq_spark.core.grid.uniform_multisets`. Rows are independent given the data.
+
+    Privacy
+    -------
+    As :func:`joint_exp_indices` for each group separately (its own data, the module's
+    "Guarantee as implemented"); groups are disjoint data, so parallel composition applies.
+    """
     m = q.size
-    lo, hi = _bands(start, width, log_width, pos, n, q, c, size)
-    fw = _Forward(width, log_width, pos, n, q, c, lo, hi)
+    G = len(cells_list)
+    rows = np.arange(G, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    out = np.empty((rows.size, m), dtype=np.int64)
+    if rows.size == 0:
+        return out
+    lo = np.empty((G, m), dtype=np.int64)
+    hi = np.empty((G, m), dtype=np.int64)
+    for g, cells in enumerate(cells_list):
+        lo[g], hi[g] = _bands(*cells, q, c, size)
+    coff = np.zeros(G + 1, dtype=np.int64)
+    np.cumsum([cl[1].size for cl in cells_list], out=coff[1:])
+    start = np.concatenate([cl[0][:-1] for cl in cells_list])
+    width = np.concatenate([cl[1] for cl in cells_list])
+    n = np.array([cl[4] for cl in cells_list], dtype=np.float64)
+    fw = _Forward(width, np.concatenate([cl[2] for cl in cells_list]),
+                  np.concatenate([cl[3] for cl in cells_list]), coff, n, q, c, lo, hi)
     fw.run()
-    band_m = fw._band(m)
-    log_w_last = fw.S_last - c * np.abs(n - pos[band_m] - fw.targets[m])
-    out = np.empty((draws, m), dtype=np.int64)
-    for r in range(draws):
-        cell_of = _backward(fw, band_m.start + draw_index(log_w_last, source), source)
-        j = 0
-        while j < m:  # runs of equal cells: one uniform multiset of grid points each
-            i = int(cell_of[j])
-            k = int(np.searchsorted(cell_of, i, side="right")) - j
-            out[r, j : j + k] = int(start[i]) + uniform_multiset(source, int(width[i]), k)
-            j += k
+    last = fw.cells[m - 1]
+    log_w_last = fw.S[m - 1] - c * np.abs(fw.n[fw.gid[m - 1]] - fw.pos[last] - fw.targets[fw.gid[m - 1], m])
+    i = fw.first[rows, m - 1] + _draw_segments(log_w_last, fw.off[m - 1, rows], fw.length[rows, m - 1], source)
+    cell_of = _backward(fw, rows, i, source)
+    # runs of equal cells: one uniform multiset of grid points each, drawn per run length
+    new = np.ones(cell_of.shape, dtype=bool)
+    new[:, 1:] = cell_of[:, 1:] != cell_of[:, :-1]
+    flat = np.flatnonzero(new)
+    run = np.diff(np.append(flat, cell_of.size))  # a row's first run starts a new one
+    r, s = np.divmod(flat, m)
+    for k in np.unique(run).tolist():
+        sel = run == k
+        cells = cell_of[r[sel], s[sel]]
+        pts = uniform_multisets(source, width[cells], k)
+        out[r[sel][:, None], s[sel][:, None] + np.arange(k)] = start[cells][:, None] + pts
     return out
 
 
-def _backward(fw: _Forward, i: int, source) -> np.ndarray:
-    """Given the cell ``i`` of output m, draw the cells of all outputs, backwards by runs."""
-    pos, c = fw.pos, fw.c
-    cell_of = np.empty(fw.m, dtype=np.int64)
-    j = fw.m
-    while True:
-        k = 1 + draw_index(fw.run_terms_single(j, i), source)
-        cell_of[j - k : j] = i
-        j -= k
-        if j == 0:
-            return cell_of
-        band = fw._band(j)
-        S = fw.finished_sums(j)
-        stop = min(band.stop, i) - band.start  # predecessors lie strictly left of cell i
-        log_w = S[:stop] - c * np.abs(pos[i] - pos[band][:stop] - fw.targets[j])
-        i = band.start + draw_index(log_w, source)
+def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarray:
+    """Given the global cell ``i`` of output m of every row (group ``rows``), draw the cells of
+    all outputs, backwards by runs, for all rows at once. Shape ``(len(rows), m)``."""
+    m = fw.m
+    cell_of = np.empty((rows.size, m), dtype=np.int64)
+    cols = np.arange(m)
+    todo = np.arange(rows.size)
+    j = np.full(rows.size, m)
+    i = i.copy()
+    S_all = fw.S_all
+    while todo.size:
+        g, jj, ii = rows[todo], j[todo], i[todo]
+        k = 1 + _draw_padded(fw.run_terms(jj, ii, g), source)
+        run = (cols >= (jj - k)[:, None]) & (cols < jj[:, None])
+        cell_of[todo] = np.where(run, ii[:, None], cell_of[todo])
+        jj = jj - k
+        more = jj > 0
+        todo, g, jj, ii = todo[more], g[more], jj[more], ii[more]
+        if todo.size == 0:
+            break
+        j[todo] = jj
+        # predecessors lie strictly left of cell i, in band jj
+        first = fw.first[g, jj - 1]
+        stop = np.minimum(first + fw.length[g, jj - 1], ii) - first
+        at = fw.base[jj - 1] + fw.off[jj - 1, g]
+        seg_rows = np.repeat(np.arange(todo.size), stop)
+        r = np.arange(seg_rows.size) - np.repeat(np.cumsum(stop) - stop, stop)
+        log_w = S_all[at[seg_rows] + r] - fw.c * np.abs(
+            fw.pos[ii[seg_rows]] - fw.pos[first[seg_rows] + r] - fw.targets[g[seg_rows], jj[seg_rows]])
+        i[todo] = first + _draw_segments(log_w, np.cumsum(stop) - stop, stop, source)
+    return cell_of
+
+
+#: rows of at most this many weights go through draw_index_rows (int64 envelope units)
+_ROW_CELLS = 1 << 22
+#: a padded block of rows holds at most this many weights
+_BLOCK_CELLS = 1 << 21
+
+
+def _draw_padded(log_w: np.ndarray, source) -> np.ndarray:
+    """One exact draw per row of a 2-d array of log-weights (-inf: weight 0)."""
+    if log_w.shape[1] <= _ROW_CELLS:
+        return draw_index_rows(log_w, source)
+    return np.array([draw_index(row, source) for row in log_w], dtype=np.int64)
+
+
+def _draw_segments(log_w: np.ndarray, at: np.ndarray, length: np.ndarray, source) -> np.ndarray:
+    """One exact draw per segment ``log_w[at[r] : at[r] + length[r]]`` (each non-empty): the
+    index within the segment, with probability exactly ``w / sum(w)`` for the float64 weights
+    ``exp(log_w - max)`` of :func:`~dpq_spark.core.grid.draw_index_rows` (segments of similar
+    lengths padded into blocks of rows) or, for very long segments, of
+    :func:`~dpq_spark.core.grid.draw_index`."""
+    out = np.empty(length.size, dtype=np.int64)
+    order = np.argsort(length, kind="stable")
+    lengths = length[order].tolist()
+    a = 0
+    while a < order.size:
+        if lengths[a] > _ROW_CELLS:
+            r = int(order[a])
+            out[r] = draw_index(log_w[int(at[r]):int(at[r]) + int(length[r])], source)
+            a += 1
+            continue
+        b = a + 1  # lengths increase: the block's width is its last row's length
+        while b < order.size and lengths[b] <= _ROW_CELLS and (b + 1 - a) * lengths[b] <= _BLOCK_CELLS:
+            b += 1
+        block = order[a:b]
+        n = length[block]
+        pad = np.full((block.size, int(n.max())), -np.inf)
+        row = np.repeat(np.arange(block.size), n)
+        col = np.arange(row.size) - np.repeat(np.cumsum(n) - n, n)
+        pad[row, col] = log_w[at[block][row] + col]
+        out[block] = draw_index_rows(pad, source)
+        a = b
+    return out

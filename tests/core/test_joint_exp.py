@@ -350,10 +350,10 @@ def pruning_case(eps):
 
 def log_normaliser(cells, q, c, lo, hi):
     start, width, log_width, pos, n = cells
-    fw = J._Forward(width, log_width, pos, n, q, c, lo, hi)
+    fw = J._Forward(width, log_width, pos, np.array([0, pos.size]), [n], q, c, lo[None, :], hi[None, :])
     fw.run()
-    band = fw._band(q.size)
-    return np.logaddexp.reduce(fw.S_last - c * np.abs(n - pos[band] - fw.targets[-1]) + fw.nu[-1])
+    band = fw.cells[-1]
+    return np.logaddexp.reduce(fw.S[-1] - c * np.abs(n - pos[band] - fw.targets[0, -1]) + fw.nu[0, -1])
 
 
 @pytest.mark.parametrize("eps, lower_bound", [(1.0, "boxes"), (0.2, "boxes"), (1.0, "reference")])
