@@ -463,18 +463,10 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
     groups = np.arange(t.size)
     src_len, rec_len = np.diff(src_off), np.diff(rec_off)
     rg, sg = np.repeat(groups, rec_len), np.repeat(groups, src_len)
-    T = rec_pos - t[rg]  # a source at p contributes exp(-c (T - p)) if p <= T, exp(-c (p - T)) if p > T
-    lo = np.empty(rec_pos.size, dtype=np.int64)
-    hi = np.empty(rec_pos.size, dtype=np.int64)
-    for g, a, b, ra, rb in zip(groups.tolist(), src_off[:-1].tolist(), src_off[1:].tolist(),
-                               rec_off[:-1].tolist(), rec_off[1:].tolist()):
-        if ra == rb:
-            continue
-        src = src_pos[a:b]
-        lo[ra:rb] = np.searchsorted(src, T[ra:rb], side="right") + a  # sources [a, lo) are causal
-        hi[ra:rb] = np.searchsorted(src, rec_pos[ra:rb], side="left") + a  # [lo, hi): the window
+    T = rec_pos - np.repeat(t, rec_len)  # a source at p adds exp(-c (T - p)) if p <= T, else exp(-c (p - T))
+    lo, hi = _search_groups(src_pos, src_len, T, rec_pos, rec_len)
     lo = np.minimum(lo, hi)  # only when t = 0 (n = 0): a source must lie strictly left
-    tau = np.where(t > 0, 0.75 * t, 1.0)[sg]  # t = 0 only when n = 0: no window part then
+    tau = np.repeat(np.where(t > 0, 0.75 * t, 1.0), src_len)  # t = 0 only when n = 0: no window then
     block = np.floor(src_pos / tau)
     new = np.ones(src_pos.size, dtype=bool)
     new[1:] = (block[1:] != block[:-1]) | (sg[1:] != sg[:-1])
@@ -508,7 +500,7 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
         carry[s] = running
 
     # Causal part.
-    has_causal = lo > src_off[:-1][rg]
+    has_causal = lo > np.repeat(src_off[:-1], rec_len)
     if has_causal.any():
         last = lo[has_causal] - 1
         s_last = seg[last]
@@ -557,6 +549,39 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
     return out
 
 
+def _search_groups(src_pos, src_len, T, rec_pos, rec_len):
+    """Per group (``src_len`` sources, ``rec_len`` receivers, in order): the global indices
+    ``searchsorted(src, T, "right")`` and ``searchsorted(src, rec_pos, "left")`` of
+    :func:`numpy.searchsorted` on the group's own sorted sources, for all groups in one call.
+
+    Positions are half-integers (mid-ranks), so ``p <= T`` iff ``2 p <= floor(2 T)`` and
+    ``p < r`` iff ``2 p < 2 r``, all integers: each group's keys are shifted into its own
+    disjoint integer range and one search over everything gives the same indices exactly
+    (the group's queries are clipped into its range). Other positions: one search per group.
+    """
+    two_src, two_rec = 2.0 * src_pos, 2.0 * rec_pos
+    size = src_len.sum() + rec_len.sum()
+    top = float(max(np.abs(two_src).max(initial=0.0), np.abs(two_rec).max(initial=0.0)))
+    if (top * (src_len.size + 1) * 4 < 2.0**52 and np.array_equal(two_src, np.floor(two_src))
+            and np.array_equal(two_rec, np.floor(two_rec)) and size):
+        span = 2.0 * top + 4.0  # group g's keys lie in [g span - top, g span + top]
+        shift = np.arange(src_len.size) * span
+        keys = two_src + np.repeat(shift, src_len)
+        rec_shift = np.repeat(shift, rec_len)
+        below = np.clip(np.floor(2.0 * T), -top - 1.0, top + 1.0) + rec_shift
+        return (np.searchsorted(keys, below, side="right"),
+                np.searchsorted(keys, two_rec + rec_shift, side="left"))
+    lo = np.empty(T.size, dtype=np.int64)
+    hi = np.empty(T.size, dtype=np.int64)
+    a = ra = 0
+    for ns, nr in zip(src_len.tolist(), rec_len.tolist()):
+        src = src_pos[a:a + ns]
+        lo[ra:ra + nr] = np.searchsorted(src, T[ra:ra + nr], side="right") + a
+        hi[ra:ra + nr] = np.searchsorted(src, rec_pos[ra:ra + nr], side="left") + a
+        a, ra = a + ns, ra + nr
+    return lo, hi
+
+
 # --------------------------------------------------------------------------------------------
 # Forward pass
 
@@ -587,12 +612,24 @@ class _Forward:
         np.cumsum(self.length.T, axis=1, out=self.off[:, 1:])
         self.base = np.concatenate(([0], np.cumsum(self.off[:, -1])))  # step j at base[j-1]
         self.gid = [np.repeat(np.arange(self.G), self.length[:, j]) for j in range(self.m)]
-        self.cells = [np.arange(self.off[j, -1]) - self.off[j, :-1][self.gid[j]] + self.first[self.gid[j], j]
+        self.cells = [np.arange(self.off[j, -1]) + self._rep(j + 1, self.first[:, j] - self.off[j, :-1])
                       for j in range(self.m)]
         self.A: list[np.ndarray] = []  # A_j on the bands j, stored minus nu[:, j-1]
         self.G_max: list[np.ndarray] = []  # max_{j'<=j} (A_j' - Lambda_j') on the bands j, true scale
         self.S: list[np.ndarray] = []  # S_j minus its group's nu (kept for the backward pass)
         self.nu = np.zeros((self.G, self.m))
+
+    def _rep(self, j: int, per_group: np.ndarray) -> np.ndarray:
+        """A per-group array spread over the cells of the bands j (1-based)."""
+        return np.repeat(per_group, self.length[:, j - 1])
+
+    def _in_band(self, j: int, jp: int):
+        """``(idx, inside)`` for every cell of the bands j: its place in step jp's table, and
+        whether it lies in its group's band jp at all (``idx`` is 0 where not)."""
+        rel = np.arange(self.off[j - 1, -1]) + self._rep(
+            j, self.first[:, j - 1] - self.first[:, jp - 1] - self.off[j - 1, :-1])
+        inside = (rel >= 0) & (rel < self._rep(j, self.length[:, jp - 1]))
+        return np.where(inside, rel + self._rep(j, self.off[jp - 1, :-1]), 0), inside
 
     def run(self) -> None:
         for j in range(1, self.m + 1):
@@ -600,7 +637,7 @@ class _Forward:
             L = self.log_width[cells]
             p = self.pos[cells]
             if j == 1:
-                A = L - self.c * np.abs(p - self.targets[gid, 0])
+                A = L - self.c * np.abs(p - self._rep(1, self.targets[:, 0]))
                 nu_a = np.zeros(self.G)
             else:
                 A = L + _kernel_sums_many(self.pos[self.cells[j - 2]], self.S[-1], self.off[j - 2],
@@ -612,24 +649,25 @@ class _Forward:
             shift = np.maximum.reduceat(S, self.off[j - 1, :-1])
             if not np.all(np.isfinite(shift)):  # cannot happen: the reference sequence has mass
                 raise FloatingPointError("JointExp forward pass lost all mass")
-            self.A[-1] -= shift[gid]
+            shift_rep = self._rep(j, shift)
+            self.A[-1] -= shift_rep
             self.nu[:, j - 1] = nu_a + shift
-            self.S.append(S - shift[gid])
+            self.S.append(S - shift_rep)
         self.A_all = np.concatenate(self.A)  # every step's tables, step j at base[j-1]
         self.S_all = np.concatenate(self.S)
 
     def _store(self, j: int, A: np.ndarray, nu_a: np.ndarray) -> None:
         cells, gid = self.cells[j - 1], self.gid[j - 1]
-        G = A + nu_a[gid] - self._log_lambda(j, cells, gid)
+        G = A + self._rep(j, nu_a) - self._log_lambda(j, cells)
         if j > 1:
-            idx, inside = self._index(np.full(gid.size, j - 1), cells, gid)
-            G[inside] = np.maximum(G[inside], self.G_max[-1][idx[inside] - self.base[j - 2]])
+            idx, inside = self._in_band(j, j - 1)
+            G[inside] = np.maximum(G[inside], self.G_max[-1][idx[inside]])
         self.A.append(A)
         self.G_max.append(G)
 
-    def _log_lambda(self, j: int, cells: np.ndarray, gid: np.ndarray) -> np.ndarray:
-        """Lambda_j(i) = sum_{t<=j} log(phi_t(0) w_i) = -c P_j + j log w_i."""
-        return -self.c * self.cum_target[gid, j - 1] + j * self.log_width[cells]
+    def _log_lambda(self, j: int, cells: np.ndarray) -> np.ndarray:
+        """Lambda_j(i) = sum_{t<=j} log(phi_t(0) w_i) = -c P_j + j log w_i, on the bands j."""
+        return self._rep(j, -self.c * self.cum_target[:, j - 1]) + j * self.log_width[cells]
 
     def _index(self, jp: np.ndarray, cells: np.ndarray, gid: np.ndarray):
         """``(idx, inside)``: where global cell ``cells`` of group ``gid`` sits in the tables of
@@ -664,28 +702,42 @@ class _Forward:
         acc = self.A[j - 1].copy()
         if j == 1:
             return acc
-        scale = self.nu[gid, j - 1]
+        scale = self._rep(j, self.nu[:, j - 1])
         L = self.log_width[cells]
         W = self.width[cells]
-        lam_j = self._log_lambda(j, cells, gid) - scale
+        lam_j = self._log_lambda(j, cells) - scale
+        full = True  # every cell of the bands still sums (then no subsetting)
         active = np.arange(acc.size)  # the cells still summing
-        act_cells, act_gid = cells, gid
+        act_L, act_W, act_lam, act_scale, act_acc = L, W, lam_j, scale, acc
         log_r = np.zeros(acc.size)  # log R_k(w) on the active cells
         for k in range(2, j + 1):
             jp = j - k + 1  # the run of k outputs starts at output jp
             log_count = math.log(j - k + 1)
-            log_r += _log_run_step(W[active], k)
-            bound = (self._gather(self.G_max, jp, act_cells, act_gid, log_count) + lam_j[active]
-                     + log_r - (k - 1) * L[active])
-            keep = bound >= acc[active] - _LOG_RUN_TOL
+            log_r += _log_run_step(act_W, k)
+            if full:
+                idx, inside = self._in_band(j, jp)
+            else:
+                idx, inside = self._index(np.full(active.size, jp), cells[active], gid[active])
+                idx = np.where(inside, idx - self.base[jp - 1], 0)
+            bound = np.where(inside, self.G_max[jp - 1][idx], -np.inf) + log_count + act_lam + log_r - (k - 1) * act_L
+            keep = bound >= act_acc - _LOG_RUN_TOL
             if not keep.all():
-                active, log_r = active[keep], log_r[keep]
-                act_cells, act_gid = act_cells[keep], act_gid[keep]
+                full = False
+                active, log_r, idx, inside = active[keep], log_r[keep], idx[keep], inside[keep]
+                act_L, act_W, act_lam, act_scale = act_L[keep], act_W[keep], act_lam[keep], act_scale[keep]
                 if active.size == 0:
                     break
-            shift = -self.c * (self.cum_target[act_gid, j - 1] - self.cum_target[act_gid, jp - 1]) - scale[active]
-            term = self._gather(self.A, jp, act_cells, act_gid, self.nu[act_gid, jp - 1] + shift) + log_r
-            acc[active] = logaddexp(acc[active], term)
+            # the run's first output: A_jp at its true scale, times prod phi_t(0), minus nu_j
+            if full:
+                nu_p, P_j, P_p = (self._rep(j, a) for a in (self.nu[:, jp - 1], self.cum_target[:, j - 1],
+                                                            self.cum_target[:, jp - 1]))
+            else:
+                g = gid[active]
+                nu_p, P_j, P_p = self.nu[g, jp - 1], self.cum_target[g, j - 1], self.cum_target[g, jp - 1]
+            offset = nu_p + (-self.c * (P_j - P_p) - act_scale)
+            term = np.where(inside, self.A[jp - 1][idx] + offset, -np.inf) + log_r
+            act_acc = logaddexp(acc[active] if not full else acc, term)
+            acc[active] = act_acc
         return acc
 
     def run_terms(self, j: np.ndarray, i: np.ndarray, g: np.ndarray) -> np.ndarray:
