@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["logaddexp", "segmented_logcumsumexp", "segmented_logcumsumexp_reverse", "segment_ends"]
+__all__ = ["logaddexp", "segmented_logcumsumexp", "segmented_logcumsumexp_reverse", "segmented_scans",
+           "segment_ends"]
 
 # Partial sums below this (relative to the row maximum) would be subnormal or lose digits.
 _TINY = 1e-280
@@ -130,3 +131,78 @@ def segmented_logcumsumexp_reverse(z: np.ndarray, starts: np.ndarray, width: int
         return z.copy()
     rev_starts = (size - 1 - segment_ends(starts, size))[::-1]
     return segmented_logcumsumexp(z[::-1], np.ascontiguousarray(rev_starts), width, independent)[::-1]
+
+
+def _row_scans_both(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inclusive prefix and suffix log-cumsum-exp along axis 1 of a 2-d array padded with -inf,
+    from one ``exp`` (as :func:`_row_scan`, with the same exact redo of rows that underflow)."""
+    row_max = m.max(axis=1)
+    row_max[~np.isfinite(row_max)] = 0.0
+    e = np.exp(m - row_max[:, None])
+    pre = np.cumsum(e, axis=1)
+    suf = np.cumsum(e[:, ::-1], axis=1)[:, ::-1]
+    finite = np.isfinite(m)
+    finite_row = finite.any(axis=1)
+    bad_pre = finite_row & ((pre < _TINY) & finite).any(axis=1)
+    bad_suf = finite_row & ((suf < _TINY) & finite).any(axis=1)
+    with np.errstate(divide="ignore"):
+        pre = np.log(pre, out=pre)
+        suf = np.log(suf)
+    pre += row_max[:, None]
+    suf += row_max[:, None]
+    if bad_pre.any():
+        pre[bad_pre] = np.logaddexp.accumulate(m[bad_pre], axis=1)
+    if bad_suf.any():
+        suf[bad_suf] = np.logaddexp.accumulate(m[bad_suf][:, ::-1], axis=1)[:, ::-1]
+    return pre, suf
+
+
+def segmented_scans(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
+                    width: int = 128) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three scans of a JointExp Toeplitz step in one layout: the inclusive prefix
+    log-cumsum-exp of ``z_plus``, and the inclusive prefix and suffix ones of ``z_minus``,
+    restarted at every index in ``starts`` (sorted, ``starts[0] == 0``).
+
+    Each segment is cut into rows of ``width`` elements (the same layout for all three; one
+    ``exp`` serves both scans of ``z_minus``), rows are scanned in linear space after
+    subtracting the row maximum (rows whose partial sums would underflow are redone exactly with
+    :func:`numpy.logaddexp.accumulate`), and row totals are carried across the rows of a segment
+    by :func:`segmented_logcumsumexp` with ``independent=True``. Every output depends only on its
+    own segment, bit for bit (the layout never looks at the other segments).
+    """
+    size = z_plus.shape[0]
+    if size == 0:
+        return z_plus.copy(), z_minus.copy(), z_minus.copy()
+    w = int(width)
+    nseg = starts.shape[0]
+    lengths = np.diff(np.append(starts, size))
+    rows_per_seg = -(-lengths // w)
+    row_base = np.zeros(nseg, dtype=np.int64)
+    np.cumsum(rows_per_seg[:-1], out=row_base[1:])
+    nrows = int(rows_per_seg.sum())
+    offset = np.arange(size) - np.repeat(starts, lengths)
+    row = np.repeat(row_base, lengths) + offset // w
+    flat = row * w + offset % w
+    grid = np.full((2, nrows * w), -np.inf)
+    grid[0, flat] = z_plus
+    grid[1, flat] = z_minus
+    pre_plus = _row_scan(grid[0].reshape(nrows, w)).ravel()
+    pre_minus, suf_minus = (a.ravel() for a in _row_scans_both(grid[1].reshape(nrows, w)))
+    out_pp, out_pm, out_sm = pre_plus[flat], pre_minus[flat], suf_minus[flat]
+    if rows_per_seg.max() > 1:
+        last_row = row_base + rows_per_seg - 1
+        for out, scanned, forward in ((out_pp, pre_plus, True), (out_pm, pre_minus, True),
+                                      (out_sm, suf_minus, False)):
+            carry = np.empty(nrows)
+            if forward:  # the rows before, in the segment
+                totals = scanned.reshape(nrows, w)[:, -1]
+                inclusive = segmented_logcumsumexp(totals, row_base, w, independent=True)
+                carry[1:] = inclusive[:-1]
+                carry[row_base] = -np.inf
+            else:  # the rows after, in the segment
+                totals = scanned.reshape(nrows, w)[:, 0]
+                inclusive = segmented_logcumsumexp_reverse(totals, row_base, w, independent=True)
+                carry[:-1] = inclusive[1:]
+                carry[last_row] = -np.inf
+            out[:] = logaddexp(out, carry[row])
+    return out_pp, out_pm, out_sm

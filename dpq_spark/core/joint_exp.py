@@ -108,8 +108,7 @@ from scipy.special import gammaln
 from dpq_spark.core._logscan import (
     logaddexp,
     segment_ends,
-    segmented_logcumsumexp,
-    segmented_logcumsumexp_reverse,
+    segmented_scans,
 )
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._request import validate_request
@@ -120,7 +119,14 @@ from dpq_spark.core._validation import (
     check_positive_int,
     check_quantiles,
 )
-from dpq_spark.core.grid import MAX_GRID_STEPS, Grid, draw_index, draw_index_rows, uniform_multisets
+from dpq_spark.core.grid import (
+    MAX_GRID_STEPS,
+    Grid,
+    draw_index,
+    draw_index_rows,
+    uniform_multiset,
+    uniform_multisets,
+)
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
 
 __all__ = ["joint_exp", "joint_exp_indices"]
@@ -477,9 +483,7 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
     local = src_pos - base[seg]  # in [0, tau) up to rounding
     z_plus = src_log + c * local
     z_minus = src_log - c * local
-    pre_plus = segmented_logcumsumexp(z_plus, starts, independent=True)
-    pre_minus = segmented_logcumsumexp(z_minus, starts, independent=True)
-    suf_minus = segmented_logcumsumexp_reverse(z_minus, starts, independent=True)
+    pre_plus, pre_minus, suf_minus = segmented_scans(z_plus, z_minus, starts)
     ends = segment_ends(starts, src_pos.size)
     tot_plus = pre_plus[ends]
     tot_minus = pre_minus[ends]
@@ -863,6 +867,11 @@ def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
     flat = np.flatnonzero(new)
     run = np.diff(np.append(flat, cell_of.size))  # a row's first run starts a new one
     r, s = np.divmod(flat, m)
+    if rows.size == 1:  # one row: run by run, as draw_index does below (see _draw_padded)
+        for j, k in zip(s.tolist(), run.tolist()):
+            i = int(cell_of[0, j])
+            out[0, j:j + k] = int(start[i]) + uniform_multiset(source, int(width[i]), k)
+        return out
     for k in np.unique(run).tolist():
         sel = run == k
         cells = cell_of[r[sel], s[sel]]
@@ -911,7 +920,15 @@ _BLOCK_CELLS = 1 << 21
 
 
 def _draw_padded(log_w: np.ndarray, source) -> np.ndarray:
-    """One exact draw per row of a 2-d array of log-weights (-inf: weight 0)."""
+    """One exact draw per row of a 2-d array of log-weights (-inf: weight 0).
+
+    A single row goes through :func:`~dpq_spark.core.grid.draw_index` (so do single segments
+    in :func:`_draw_segments`, and a single row's runs get
+    :func:`~dpq_spark.core.grid.uniform_multiset` in order): one group's draw then consumes
+    randomness exactly as the per-group sampler did before batching, and a seeded run gives
+    the same release as before for the same float64 weights."""
+    if log_w.shape[0] == 1:
+        return np.array([draw_index(log_w[0], source)], dtype=np.int64)
     if log_w.shape[1] <= _ROW_CELLS:
         return draw_index_rows(log_w, source)
     return np.array([draw_index(row, source) for row in log_w], dtype=np.int64)
@@ -924,6 +941,9 @@ def _draw_segments(log_w: np.ndarray, at: np.ndarray, length: np.ndarray, source
     lengths padded into blocks of rows) or, for very long segments, of
     :func:`~dpq_spark.core.grid.draw_index`."""
     out = np.empty(length.size, dtype=np.int64)
+    if length.size == 1:  # see _draw_padded
+        out[0] = draw_index(log_w[int(at[0]):int(at[0]) + int(length[0])], source)
+        return out
     order = np.argsort(length, kind="stable")
     lengths = length[order].tolist()
     a = 0

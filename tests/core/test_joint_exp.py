@@ -610,12 +610,13 @@ def test_batched_forward_tables_equal_each_group_alone(m, neighboring):
 def test_batched_forward_comparison_has_power(monkeypatch):
     """The same comparison fails when the scans pick their layout from the whole batch (the
     default of :mod:`dpq_spark.core._logscan`): a group's numbers then depend on the others."""
-    real = J.segmented_logcumsumexp
+    from dpq_spark.core import _logscan as L
 
-    def whole_batch_layout(z, starts, width=128, independent=False):
-        return real(z, starts, width)
+    def whole_batch_layout(z_plus, z_minus, starts):
+        return (L.segmented_logcumsumexp(z_plus, starts), L.segmented_logcumsumexp(z_minus, starts),
+                L.segmented_logcumsumexp_reverse(z_minus, starts))
 
-    monkeypatch.setattr(J, "segmented_logcumsumexp", whole_batch_layout)
+    monkeypatch.setattr(J, "segmented_scans", whole_batch_layout)
     assert len(_mismatches(9, "add_remove")) > 0
 
 
