@@ -158,18 +158,43 @@ def _row_scans_both(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def segmented_scans(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
-                    width: int = 128) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    width: int = 512) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The three scans of a JointExp Toeplitz step in one layout: the inclusive prefix
     log-cumsum-exp of ``z_plus``, and the inclusive prefix and suffix ones of ``z_minus``,
     restarted at every index in ``starts`` (sorted, ``starts[0] == 0``).
 
-    Each segment is cut into rows of ``width`` elements (the same layout for all three; one
-    ``exp`` serves both scans of ``z_minus``), rows are scanned in linear space after
-    subtracting the row maximum (rows whose partial sums would underflow are redone exactly with
-    :func:`numpy.logaddexp.accumulate`), and row totals are carried across the rows of a segment
-    by :func:`segmented_logcumsumexp` with ``independent=True``. Every output depends only on its
-    own segment, bit for bit (the layout never looks at the other segments).
+    Each segment is cut into rows of its own width, the power of two from 8 to ``width`` that
+    is the least one at least its length (so short segments are not padded to ``width``); the
+    three scans share that layout and one ``exp`` serves both scans of ``z_minus``. Rows are
+    scanned in linear space after subtracting the row maximum (rows whose partial sums would
+    underflow are redone exactly with :func:`numpy.logaddexp.accumulate`), and row totals are
+    carried across the rows of a segment by :func:`segmented_logcumsumexp` with
+    ``independent=True``. Every output depends only on its own segment, bit for bit: the layout
+    of a segment is a function of its length alone.
     """
+    size = z_plus.shape[0]
+    if size == 0:
+        return z_plus.copy(), z_minus.copy(), z_minus.copy()
+    lengths = np.diff(np.append(starts, size))
+    bits = np.frexp((lengths - 1).astype(np.float64))[1]  # bit length of length - 1
+    row_width = np.clip(np.left_shift(1, bits), 8, int(width))
+    kinds = np.unique(row_width)
+    if kinds.size == 1:
+        return _scans_of_width(z_plus, z_minus, starts, int(kinds[0]))
+    outs = (np.empty(size), np.empty(size), np.empty(size))
+    for w in kinds.tolist():
+        segs = np.flatnonzero(row_width == w)
+        n = lengths[segs]
+        sub_starts = np.cumsum(n) - n
+        idx = np.arange(int(n.sum())) + np.repeat(starts[segs] - sub_starts, n)
+        for out, got in zip(outs, _scans_of_width(z_plus[idx], z_minus[idx], sub_starts, w)):
+            out[idx] = got
+    return outs
+
+
+def _scans_of_width(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
+                    width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`segmented_scans` with rows of ``width`` elements for every segment."""
     size = z_plus.shape[0]
     if size == 0:
         return z_plus.copy(), z_minus.copy(), z_minus.copy()

@@ -454,14 +454,16 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
                              rec_pos, np.array([0, rec_pos.size]), np.array([float(t)]), c)
 
 
-def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
+def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c, hi=None):
     """:func:`_kernel_sums` for G groups at once, flat: group g has the sources
     ``src_off[g]:src_off[g + 1]``, the receivers ``rec_off[g]:rec_off[g + 1]`` (each sorted by
     position) and the target ``t[g]``; a receiver sums over its own group's sources only.
 
     Blocks of ``0.75 t[g]`` never cross a group boundary, the carry restarts at every group, and
-    the scans are segment-local (``independent=True``), so every output is the same float64
-    number as for its group alone.
+    the scans are segment-local (:func:`~dpq_spark.core._logscan.segmented_scans`), so every
+    output is the same float64 number as for its group alone. ``hi``, if given, is each
+    receiver's global index of the first source not strictly left of it (a caller that knows
+    it from the cells' order passes it; it is searched otherwise).
     """
     out = np.full(rec_pos.size, -np.inf)
     if src_pos.size == 0 or rec_pos.size == 0:
@@ -470,7 +472,8 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
     src_len, rec_len = np.diff(src_off), np.diff(rec_off)
     rg, sg = np.repeat(groups, rec_len), np.repeat(groups, src_len)
     T = rec_pos - np.repeat(t, rec_len)  # a source at p adds exp(-c (T - p)) if p <= T, else exp(-c (p - T))
-    lo, hi = _search_groups(src_pos, src_len, T, rec_pos, rec_len)
+    lo, found = _search_groups(src_pos, src_len, T, rec_pos, rec_len, hi is None)
+    hi = found if hi is None else hi
     lo = np.minimum(lo, hi)  # only when t = 0 (n = 0): a source must lie strictly left
     tau = np.repeat(np.where(t > 0, 0.75 * t, 1.0), src_len)  # t = 0 only when n = 0: no window then
     block = np.floor(src_pos / tau)
@@ -553,7 +556,7 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c):
     return out
 
 
-def _search_groups(src_pos, src_len, T, rec_pos, rec_len):
+def _search_groups(src_pos, src_len, T, rec_pos, rec_len, want_hi=True):
     """Per group (``src_len`` sources, ``rec_len`` receivers, in order): the global indices
     ``searchsorted(src, T, "right")`` and ``searchsorted(src, rec_pos, "left")`` of
     :func:`numpy.searchsorted` on the group's own sorted sources, for all groups in one call.
@@ -562,6 +565,7 @@ def _search_groups(src_pos, src_len, T, rec_pos, rec_len):
     ``p < r`` iff ``2 p < 2 r``, all integers: each group's keys are shifted into its own
     disjoint integer range and one search over everything gives the same indices exactly
     (the group's queries are clipped into its range). Other positions: one search per group.
+    The second result is None unless ``want_hi``.
     """
     two_src, two_rec = 2.0 * src_pos, 2.0 * rec_pos
     size = src_len.sum() + rec_len.sum()
@@ -574,7 +578,7 @@ def _search_groups(src_pos, src_len, T, rec_pos, rec_len):
         rec_shift = np.repeat(shift, rec_len)
         below = np.clip(np.floor(2.0 * T), -top - 1.0, top + 1.0) + rec_shift
         return (np.searchsorted(keys, below, side="right"),
-                np.searchsorted(keys, two_rec + rec_shift, side="left"))
+                np.searchsorted(keys, two_rec + rec_shift, side="left") if want_hi else None)
     lo = np.empty(T.size, dtype=np.int64)
     hi = np.empty(T.size, dtype=np.int64)
     a = ra = 0
@@ -644,8 +648,11 @@ class _Forward:
                 A = L - self.c * np.abs(p - self._rep(1, self.targets[:, 0]))
                 nu_a = np.zeros(self.G)
             else:
+                # positions increase with the cell: the sources left of a cell are the cells before it
+                hi = np.clip(cells - self._rep(j, self.first[:, j - 2]), 0, self._rep(j, self.length[:, j - 2]))
+                hi += self._rep(j, self.off[j - 2, :-1])
                 A = L + _kernel_sums_many(self.pos[self.cells[j - 2]], self.S[-1], self.off[j - 2],
-                                          p, self.off[j - 1], self.targets[:, j - 1], self.c)
+                                          p, self.off[j - 1], self.targets[:, j - 1], self.c, hi)
                 nu_a = self.nu[:, j - 2]
             self._store(j, A, nu_a)
             self.nu[:, j - 1] = nu_a
