@@ -80,6 +80,20 @@ cumulative sum). Each run of k outputs in a cell of w points then gets a uniform
 its grid points (:func:`~dpq_spark.core.grid.uniform_multiset`: a uniform k-subset of
 ``[0, w + k - 1)``, minus ``0..k-1``). Released numbers are ``Grid.value(k)``.
 
+Many groups at once. :func:`_sample_many` releases G groups (the same ``q``, ``c`` and grid;
+any sizes) in one pass with numpy calls per step for the whole batch: each group's bands come
+from :func:`_bands` on its own cells, step j's tables hold every group's band j in one flat
+array, the Toeplitz blocks never cross a group, the carry restarts at each group, the scans
+are segment-local (:func:`~dpq_spark.core._logscan.segmented_scans`), the run truncation is
+decided cell by cell and the normalising shifts are per group. Every float64 number of a
+group's forward tables is therefore the one it gets alone, bit for bit (tested), and the
+single-group sampler is this code with G = 1. The backward pass runs on all groups' rows
+together with :func:`~dpq_spark.core.grid.draw_index_rows` on padded rows (exact for the same
+float64 weights as :func:`~dpq_spark.core.grid.draw_index`; it consumes randomness in another
+order) and :func:`~dpq_spark.core.grid.uniform_multisets`; a single row keeps
+:func:`~dpq_spark.core.grid.draw_index` and :func:`~dpq_spark.core.grid.uniform_multiset` in the
+order above. Each group's release has the distribution it has alone, with the guarantee below.
+
 Guarantee as implemented. Write ``P`` for the exact mechanism above and ``P~`` for what the code
 samples. (i) Band pruning: ``P~`` targets ``P`` conditioned on the kept cells, which differs from
 ``P`` by total variation ``< 2**-60``. (ii) Run truncation: every run sum is low by a relative
@@ -87,7 +101,8 @@ samples. (i) Band pruning: ``P~`` targets ``P`` conditioned on the kept cells, w
 rounding: every log weight ``l~`` is a sum/log-sum-exp chain of at most ``16 m`` correctly rounded
 float64 operations on numbers of magnitude at most ``M = 3 c n + m log(S + m) + 800``, so its
 absolute error is at most ``gamma = 16 m 2**-52 M`` (first-order error analysis; not
-machine-checked). (iv) ``exp`` rounds with relative error ``2**-52``; weights below ``2**-1074``
+machine-checked; a scan's linear-space partial sum over a row of at most 512 positive terms has
+relative error below ``2**-44``, less than one operation's ``2**-52 M`` as ``M >= 800``). (iv) ``exp`` rounds with relative error ``2**-52``; weights below ``2**-1074``
 of the largest underflow to 0 (total variation ``< K 2**-1074``). Each conditional probability
 of the backward pass (at most 2m of them) is a ratio of such weights, so every output's
 probability under ``P~`` is within a factor ``exp(theta)`` of the pruned target, with
@@ -856,13 +871,16 @@ def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
     hi = np.empty((G, m), dtype=np.int64)
     for g, cells in enumerate(cells_list):
         lo[g], hi[g] = _bands(*cells, q, c, size)
+    # only the cells some band keeps, [a_g, b_g) of each group, are concatenated
+    a, b = lo.min(axis=1), hi.max(axis=1)
+    lo, hi = lo - a[:, None], hi - a[:, None]
     coff = np.zeros(G + 1, dtype=np.int64)
-    np.cumsum([cl[1].size for cl in cells_list], out=coff[1:])
-    start = np.concatenate([cl[0][:-1] for cl in cells_list])
-    width = np.concatenate([cl[1] for cl in cells_list])
+    np.cumsum(b - a, out=coff[1:])
+    used = [slice(int(x), int(y)) for x, y in zip(a.tolist(), b.tolist())]
+    start, width, log_width, pos = (np.concatenate([cl[t][u] for cl, u in zip(cells_list, used)])
+                                    for t in range(4))
     n = np.array([cl[4] for cl in cells_list], dtype=np.float64)
-    fw = _Forward(width, np.concatenate([cl[2] for cl in cells_list]),
-                  np.concatenate([cl[3] for cl in cells_list]), coff, n, q, c, lo, hi)
+    fw = _Forward(width, log_width, pos, coff, n, q, c, lo, hi)
     fw.run()
     last = fw.cells[m - 1]
     log_w_last = fw.S[m - 1] - c * np.abs(fw.n[fw.gid[m - 1]] - fw.pos[last] - fw.targets[fw.gid[m - 1], m])

@@ -528,7 +528,8 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
         return out
     # Spilled: choose per group from exact coarse counts; JointExp/IndExp groups get their
     # reachable cells' fine counts from the spill file (one pass over it), the others coarse
-    # cells.
+    # cells. With production randomness the JointExp groups of one epsilon are then released
+    # together (_joint_exp_many); seeded runs keep one _run_fine per group (per-key draws).
     pending = []
     wanted = []
     for gid, a, b in zip(gids.tolist(), starts, ends):
