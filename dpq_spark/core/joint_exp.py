@@ -335,7 +335,8 @@ def _grid_cells(idx: np.ndarray, counts: np.ndarray | None, size: int):
         distinct, mult = np.unique(idx, return_counts=True)
     else:
         keep = counts > 0
-        idx, counts = idx[keep], counts[keep]
+        if not keep.all():
+            idx, counts = idx[keep], counts[keep]
         if idx.size and np.all(idx[1:] > idx[:-1]):  # already sorted and distinct (Spark's fold)
             distinct, mult = idx, counts
         elif idx.size:
@@ -357,21 +358,29 @@ def _grid_cells(idx: np.ndarray, counts: np.ndarray | None, size: int):
     below = np.cumsum(mult) - mult  # #{x < d}
     nxt = np.append(distinct[1:], size)
     single = mult == 1
-    # Two slots per distinct value: the value's own cell, then the gap after it.
+    # Per distinct value: its own cell, then the gap after it if not empty (only after a tie);
+    # before them the gap before the first value if not empty.
     w_main = np.where(single, nxt - distinct, 1)
     w_gap = np.where(single, 0, nxt - distinct - 1)
-    p_main = below + _tie_rank(mult.astype(np.float64))
-    p_gap = (below + mult).astype(np.float64)
-    widths = np.empty(2 * d + 1, dtype=np.int64)
-    starts = np.empty(2 * d + 1, dtype=np.int64)
-    poss = np.empty(2 * d + 1, dtype=np.float64)
-    widths[0], widths[1::2], widths[2::2] = distinct[0], w_main, w_gap
-    starts[0], starts[1::2], starts[2::2] = 0, distinct, distinct + 1
-    poss[0], poss[1::2], poss[2::2] = 0.0, p_main, p_gap
-    keep = widths > 0
-    width = widths[keep]
-    start = np.append(starts[keep], size)
-    pos = poss[keep]
+    gaps = np.flatnonzero(w_gap > 0)
+    lead = int(distinct[0] > 0)
+    main_at = np.arange(d) + lead
+    if gaps.size:
+        extra = np.zeros(d, dtype=np.int64)
+        extra[gaps[gaps + 1 < d] + 1] = 1
+        main_at += np.cumsum(extra)
+    gap_at = main_at[gaps] + 1
+    K = lead + d + gaps.size
+    width = np.empty(K, dtype=np.int64)
+    start = np.empty(K + 1, dtype=np.int64)
+    pos = np.empty(K, dtype=np.float64)
+    if lead:
+        width[0], start[0], pos[0] = distinct[0], 0, 0.0
+    width[main_at], start[main_at] = w_main, distinct
+    pos[main_at] = below + _tie_rank(mult.astype(np.float64))
+    width[gap_at], start[gap_at] = w_gap[gaps], distinct[gaps] + 1
+    pos[gap_at] = (below[gaps] + mult[gaps]).astype(np.float64)
+    start[K] = size
     return start, width, np.log(width.astype(np.float64)), pos, n
 
 

@@ -660,3 +660,36 @@ def test_batched_law_test_has_power():
     wrong = _many_draws(1.3 * c, seed=23)
     for name in ("distinct", "ties", "on_the_bounds"):
         assert chi_square_pvalue(wrong[name], brute_force(MANY[name], MANY_SIZE, MANY_Q, c)) < 1e-6, name
+
+
+def _cells_by_slots(idx, counts, size):
+    """Reference cells: the gap before the first point, then per distinct point its own cell and
+    the gap after it, every slot written out, empty ones dropped (mid-rank positions)."""
+    idx = np.repeat(np.asarray(idx, dtype=np.int64), 1 if counts is None else counts)
+    distinct, mult = np.unique(idx, return_counts=True)
+    if distinct.size == 0:
+        return [(0, size, 0.0)]
+    slots = [(0, int(distinct[0]), 0.0)]
+    below = 0
+    for i, (d, t) in enumerate(zip(distinct.tolist(), mult.tolist())):
+        nxt = int(distinct[i + 1]) if i + 1 < distinct.size else size
+        if t == 1:
+            slots.append((d, nxt - d, below + 1.0))
+        else:
+            slots += [(d, 1, below + (t + 1) / 2), (d + 1, nxt - d - 1, float(below + t))]
+        below += t
+    return [slot for slot in slots if slot[1] > 0]
+
+
+def test_grid_cells_match_the_slot_by_slot_definition():
+    gen = np.random.default_rng(31)
+    for case in range(1500):
+        size = int(gen.integers(1, 40))
+        n = int(gen.integers(0, 30))
+        k = gen.integers(0, size, n)
+        counts = gen.integers(0, 4, n) if case % 2 else None
+        start, width, log_width, pos, total = J._grid_cells(k, counts, size)
+        want = _cells_by_slots(k, counts, size)
+        assert [(int(a), int(w), float(p)) for a, w, p in zip(start[:-1], width, pos)] == want, case
+        assert start[-1] == size and total == (n if counts is None else int(counts.sum()))
+        assert np.array_equal(log_width, np.log(width.astype(np.float64)))
