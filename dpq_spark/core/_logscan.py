@@ -29,6 +29,8 @@ __all__ = ["logaddexp", "segmented_logcumsumexp", "segmented_logcumsumexp_revers
 _TINY = 1e-280
 # Below this many elements (and few segments) a plain per-segment accumulate is faster.
 _SMALL = 8192
+# segmented_scans: segments of at most this many elements get rows this wide (not `width`)
+_SHORT = 32
 
 
 def logaddexp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -163,9 +165,8 @@ def segmented_scans(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
     log-cumsum-exp of ``z_plus``, and the inclusive prefix and suffix ones of ``z_minus``,
     restarted at every index in ``starts`` (sorted, ``starts[0] == 0``).
 
-    Each segment is cut into rows of its own width, the power of two from 8 to ``width`` that
-    is the least one at least its length (so short segments are not padded to ``width``); the
-    three scans share that layout and one ``exp`` serves both scans of ``z_minus``. Rows are
+    Each segment is cut into rows of ``width`` elements, or of 32 if it has at most 32 (so short
+    segments are not padded to ``width``); the three scans share that layout and one ``exp`` serves both scans of ``z_minus``. Rows are
     scanned in linear space after subtracting the row maximum (rows whose partial sums would
     underflow are redone exactly with :func:`numpy.logaddexp.accumulate`), and row totals are
     carried across the rows of a segment by :func:`segmented_logcumsumexp` with
@@ -176,8 +177,7 @@ def segmented_scans(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
     if size == 0:
         return z_plus.copy(), z_minus.copy(), z_minus.copy()
     lengths = np.diff(np.append(starts, size))
-    bits = np.frexp((lengths - 1).astype(np.float64))[1]  # bit length of length - 1
-    row_width = np.clip(np.left_shift(1, bits), 8, int(width))
+    row_width = np.where(lengths <= _SHORT, _SHORT, int(width))
     kinds = np.unique(row_width)
     if kinds.size == 1:
         return _scans_of_width(z_plus, z_minus, starts, int(kinds[0]))
@@ -211,8 +211,9 @@ def _scans_of_width(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
     grid = np.full((2, nrows * w), -np.inf)
     grid[0, flat] = z_plus
     grid[1, flat] = z_minus
-    pre_plus = _row_scan(grid[0].reshape(nrows, w)).ravel()
-    pre_minus, suf_minus = (a.ravel() for a in _row_scans_both(grid[1].reshape(nrows, w)))
+    pre, suf = _row_scans_both(grid.reshape(2 * nrows, w))  # rows of z_plus, then of z_minus
+    pre_plus, pre_minus = pre[:nrows].ravel(), pre[nrows:].ravel()
+    suf_minus = suf[nrows:].ravel()  # (the suffixes of z_plus are not used)
     out_pp, out_pm, out_sm = pre_plus[flat], pre_minus[flat], suf_minus[flat]
     if rows_per_seg.max() > 1:
         last_row = row_base + rows_per_seg - 1

@@ -779,24 +779,26 @@ class _Forward:
         """log alpha(j, i, k) for k = 1..j (true scale minus nu_j), one row per (step ``j``,
         global cell ``i``, group ``g``); -inf where k > j or the run's first output is outside
         its band. Shape ``(len(j), max(j))``."""
-        rows = j.size
-        terms = np.full((rows, int(j.max())), -np.inf)
-        A_all = self.A_all
-        scale = self.nu[g, j - 1]
-        w = self.width[i]
-        log_r = np.zeros(rows)
-        for k in range(1, int(j.max()) + 1):
-            if k > 1:
-                log_r += _log_run_step(w, k)
-            valid = k <= j
-            jp = np.where(valid, j - k + 1, 1)
-            idx, inside = self._index(jp, i, g)
-            ok = valid & inside
-            A_true = A_all[idx[ok]] + self.nu[g[ok], jp[ok] - 1]
-            terms[ok, k - 1] = (A_true - scale[ok] - self.c * (self.cum_target[g[ok], j[ok] - 1]
-                                                              - self.cum_target[g[ok], jp[ok] - 1])
-                                + log_r[ok])
-        return terms
+        K = int(j.max())
+        k = np.arange(1, K + 1)
+        # log R_k(w) = sum_{t=2..k} log((w + t - 1) / t), summed left to right
+        steps = np.zeros((j.size, K))
+        if K > 1:
+            steps[:, 1:] = np.log(self.width[i][:, None] + (k[1:] - 1.0)) - np.array([math.log(t) for t in range(2, K + 1)])
+        log_r = np.cumsum(steps, axis=1)
+        valid = k[None, :] <= j[:, None]
+        jp = np.where(valid, j[:, None] - k[None, :] + 1, 1)  # the run's first output
+        gg = np.broadcast_to(g[:, None], jp.shape).ravel()
+        idx, inside = self._index(jp.ravel(), np.broadcast_to(i[:, None], jp.shape).ravel(), gg)
+        ok = valid.ravel() & inside
+        jj = np.broadcast_to(j[:, None], jp.shape).ravel()[ok]
+        g_ok, jp_ok = gg[ok], jp.ravel()[ok]
+        A_true = self.A_all[idx[ok]] + self.nu[g_ok, jp_ok - 1]
+        terms = np.full(jp.size, -np.inf)
+        terms[ok] = (A_true - self.nu[g_ok, jj - 1] - self.c * (self.cum_target[g_ok, jj - 1]
+                                                                - self.cum_target[g_ok, jp_ok - 1])
+                     + log_r.ravel()[ok])
+        return terms.reshape(jp.shape)
 
 
 def _log_run_step(w, k: int):
