@@ -664,6 +664,9 @@ class _Forward:
         return np.where(inside, rel + self._rep(j, self.off[jp - 1, :-1]), 0), inside
 
     def run(self) -> None:
+        # every step's A and S in one array each (step j at base[j-1]); the lists hold views
+        self.A_all = np.empty(int(self.base[-1]))
+        self.S_all = np.empty(int(self.base[-1]))
         for j in range(1, self.m + 1):
             cells, gid = self.cells[j - 1], self.gid[j - 1]
             L = self.log_width[cells]
@@ -687,9 +690,8 @@ class _Forward:
             shift_rep = self._rep(j, shift)
             self.A[-1] -= shift_rep
             self.nu[:, j - 1] = nu_a + shift
-            self.S.append(S - shift_rep)
-        self.A_all = np.concatenate(self.A)  # every step's tables, step j at base[j-1]
-        self.S_all = np.concatenate(self.S)
+            self.S.append(self.S_all[self.base[j - 1]:self.base[j]])
+            np.subtract(S, shift_rep, out=self.S[-1])
 
     def _store(self, j: int, A: np.ndarray, nu_a: np.ndarray) -> None:
         cells, gid = self.cells[j - 1], self.gid[j - 1]
@@ -697,7 +699,8 @@ class _Forward:
         if j > 1:
             idx, inside = self._in_band(j, j - 1)
             G[inside] = np.maximum(G[inside], self.G_max[-1][idx[inside]])
-        self.A.append(A)
+        self.A.append(self.A_all[self.base[j - 1]:self.base[j]])
+        self.A[-1][:] = A
         self.G_max.append(G)
 
     def _log_lambda(self, j: int, cells: np.ndarray) -> np.ndarray:
