@@ -591,6 +591,9 @@ def _search_groups(src_pos, src_len, T, rec_pos, rec_len, want_hi=True):
     (the group's queries are clipped into its range). Other positions: one search per group.
     The second result is None unless ``want_hi``.
     """
+    if src_len.size == 1:  # one group: the search itself
+        return (np.searchsorted(src_pos, T, side="right"),
+                np.searchsorted(src_pos, rec_pos, side="left") if want_hi else None)
     two_src, two_rec = 2.0 * src_pos, 2.0 * rec_pos
     size = src_len.sum() + rec_len.sum()
     top = float(max(np.abs(two_src).max(initial=0.0), np.abs(two_rec).max(initial=0.0)))
