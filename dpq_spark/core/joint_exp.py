@@ -671,7 +671,7 @@ class _Forward:
         self.A_all = np.empty(int(self.base[-1]))
         self.S_all = np.empty(int(self.base[-1]))
         for j in range(1, self.m + 1):
-            cells, gid = self.cells[j - 1], self.gid[j - 1]
+            cells = self.cells[j - 1]
             L = self.log_width[cells]
             p = self.pos[cells]
             if j == 1:
@@ -697,7 +697,7 @@ class _Forward:
             np.subtract(S, shift_rep, out=self.S[-1])
 
     def _store(self, j: int, A: np.ndarray, nu_a: np.ndarray) -> None:
-        cells, gid = self.cells[j - 1], self.gid[j - 1]
+        cells = self.cells[j - 1]
         G = A + self._rep(j, nu_a) - self._log_lambda(j, cells)
         if j > 1:
             idx, inside = self._in_band(j, j - 1)
@@ -718,15 +718,6 @@ class _Forward:
         inside = (rel >= 0) & (rel < self.length[gid, jp - 1])
         idx = np.where(inside, self.base[jp - 1] + self.off[jp - 1, gid] + rel, 0)
         return idx, inside
-
-    def _gather(self, table: list[np.ndarray], jp: int, cells, gid, offset) -> np.ndarray:
-        """``table[jp-1]`` (plus ``offset``, a scalar or per element) at global cells ``cells`` of
-        groups ``gid``; -inf outside their bands jp."""
-        idx, inside = self._index(np.full(gid.size, jp), cells, gid)
-        out = np.full(cells.size, -np.inf)
-        got = table[jp - 1][idx[inside] - self.base[jp - 1]]
-        out[inside] = got + (offset if np.ndim(offset) == 0 else offset[inside])
-        return out
 
     def run_sums(self, j: int) -> np.ndarray:
         """S_j = log sum_k alpha(j, i, k) on the bands j, minus nu_j (the scale of the stored A_j).
