@@ -39,8 +39,11 @@ independent. What it saves is work that does not change a distribution:
   enumerated together (padded cells; every sequence's log-weight for all groups with the same
   number of cells at once; one exact draw per group with
   :func:`~dpq_spark.core.grid.draw_index_rows`; the runs' multisets with
-  :func:`~dpq_spark.core.grid.uniform_multisets`). Larger groups use :func:`_joint_exp` one at a
-  time (enumeration when their cells are few, else the core's sampler).
+  :func:`~dpq_spark.core.grid.uniform_multisets`). Larger groups get their cells one group at a
+  time; those with few cells are enumerated one at a time (:func:`_enumerate_one`), the others
+  all go through the core's batched sampler together
+  (:func:`~dpq_spark.core.joint_exp_many._sample_many`: each group with exactly the distribution the
+  core's :func:`~dpq_spark.core.joint_exp_indices` gives it alone).
 - *IndExp and ApproxQuantiles* on at most 64 rows draw for all such groups at once: IndExp each
   quantile, ApproxQuantiles each node of its recursion (whose shape is public and the same for
   every group), with the core's cells and float64 log-weight expression and exact draws
@@ -94,7 +97,7 @@ from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mech
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.grid import Grid, draw_index, draw_index_rows, uniform_multiset, uniform_multisets
 from dpq_spark.core.joint_exp import _grid_cells
-from dpq_spark.core.joint_exp import _sample_cells as _joint_sample
+from dpq_spark.core.joint_exp_many import _sample_many as _joint_many
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
 from dpq_spark.core.single_quantile import GridCells
 
@@ -319,14 +322,11 @@ def _sequences(K: int, m: int):
     return seqs, before, np.log(before + 1.0)
 
 
-def _joint_exp(k, counts, q, eps, relation, size, source) -> np.ndarray:
-    """One JointExp draw (m sorted grid indices) for one group's grid indices ``k``."""
-    c = eps / (2.0 * joint_exp_sensitivity(q, relation))
-    cells = _grid_cells(k, counts, size)
+def _enumerate_one(cells, q, c, source) -> np.ndarray:
+    """One JointExp draw (m sorted grid indices) for one group's ``cells``
+    (:func:`~dpq_spark.core.joint_exp._grid_cells`), few enough to enumerate every sequence."""
     start, width, _, pos, n = cells
     m = q.size
-    if math.comb(width.size + m - 1, m) > ENUMERATE_MAX:
-        return _joint_sample(cells, q, c, size, source)[0]
     seqs, before, log_place = _sequences(int(width.size), m)
     targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
     ranks = pos[seqs]
@@ -359,24 +359,34 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
 
     Groups with few enough cells to enumerate are drawn together: their cells (those of
     :func:`~dpq_spark.core.joint_exp._grid_cells`, computed on padded arrays), the log-weights of
-    every sequence (the expression of :func:`_joint_exp`, on all groups with the same number of
-    cells at once), one exact draw per group (:func:`~dpq_spark.core.grid.draw_index_rows`) and
-    the uniform multisets of the runs (:func:`~dpq_spark.core.grid.uniform_multisets`). The
-    others go through :func:`_joint_exp` one at a time. Either way each group's sequence and
-    points have exactly the distribution :func:`_joint_exp` samples.
+    every sequence (the expression of :func:`_enumerate_one`, on all groups with the same number
+    of cells at once), one exact draw per group (:func:`~dpq_spark.core.grid.draw_index_rows`)
+    and the uniform multisets of the runs (:func:`~dpq_spark.core.grid.uniform_multisets`). Of
+    the others, those with few cells are enumerated one at a time (:func:`_enumerate_one`) and
+    the rest released together by :func:`~dpq_spark.core.joint_exp_many._sample_many`. Every path
+    samples the exponential mechanism over grid tuples of the core's
+    :func:`~dpq_spark.core.joint_exp_indices` (module docstring, "Branches on private data").
     """
     m, G = q.size, members.size
     c = eps / (2.0 * joint_exp_sensitivity(q, relation))
     out = np.empty((G, m), dtype=np.int64)
-    # a group with more rows than the cells that can be enumerated goes through _joint_exp
+    # a group with more rows than the cells that can be enumerated: its own cells, below
     pick, pts, mul, d, slow = _distinct_rows(k, counts, bounds, members, _enumerable(m))
     if pick.size:
         done, draws = _enumerate_cells(pts, mul, d, q, c, size, source)
         slow = np.sort(np.concatenate([slow, pick[~done]]))
         out[pick[done]] = draws
+    many, cells_list = [], []
     for g in slow.tolist():
         lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
-        out[g] = _joint_exp(k[lo:hi], counts[lo:hi], q, eps, relation, size, source)
+        cells = _grid_cells(k[lo:hi], counts[lo:hi], size)
+        if math.comb(cells[1].size + m - 1, m) <= ENUMERATE_MAX:
+            out[g] = _enumerate_one(cells, q, c, source)
+        else:
+            many.append(g)
+            cells_list.append(cells)
+    if many:
+        out[many] = _joint_many(cells_list, q, c, size, source)
     return out
 
 

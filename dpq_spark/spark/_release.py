@@ -34,7 +34,8 @@ from dpq_spark.core.coarse_bands import (
 )
 from dpq_spark.core.grid import Grid
 from dpq_spark.core.ind_exp import ind_exp_indices
-from dpq_spark.core.joint_exp import joint_exp_indices
+from dpq_spark.core.joint_exp import _grid_cells, joint_exp_indices
+from dpq_spark.core.joint_exp_many import _sample_many
 from dpq_spark.core.privacy import (
     NeighboringRelation,
     joint_exp_sensitivity,
@@ -555,7 +556,8 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
         return out
     # Spilled: choose per group from exact coarse counts; JointExp/IndExp groups get their
     # reachable cells' fine counts from the spill file (one pass over it), the others coarse
-    # cells.
+    # cells. With production randomness the JointExp groups of one epsilon are then released
+    # together (_joint_exp_many); seeded runs keep one _run_fine per group (per-key draws).
     pending = []
     wanted = []
     for gid, a, b in zip(gids.tolist(), starts, ends):
@@ -573,12 +575,34 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
     if pending:
         codes, fine = fold.fine_counts(np.sort(np.concatenate(wanted)))
         fgid = codes >> Fold.SHIFT
+        together: dict[float, list] = {}  # production JointExp groups, by epsilon
         for gid, cells, ccounts, keep, source, eps, name in pending:
             a, b = np.searchsorted(fgid, [gid, gid + 1])
             k, w = represent(codes[a:b] - (gid << Fold.SHIFT), fine[a:b], cells, ccounts, keep)
+            if name == "joint_exp" and params.base_seed is None:
+                together.setdefault(eps, []).append((gid, k, w))
+                continue
             out.append((gid, _run_fine(name, k, w, source, eps, params), name))
+        for eps, groups in together.items():
+            values = _joint_exp_many([(k, w) for _, k, w in groups], eps, params)
+            out += [(gid, row, "joint_exp") for (gid, _, _), row in zip(groups, values)]
         out.sort(key=lambda t: t[0])
     return out
+
+
+def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
+    """JointExp for many groups (grid indices and counts each) in one batched pass
+    (:func:`~dpq_spark.core.joint_exp_many._sample_many`) with fresh OS entropy: each group's row
+    has exactly the distribution :func:`_run_fine` gives it (the same sampler run on one
+    group), released as grid values. Production randomness only; seeded runs keep
+    :func:`_run_fine` per group (per-key draws)."""
+    grid = _grid(params)
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    relation = NeighboringRelation.parse(params.neighboring)
+    c = epsilon / (2.0 * joint_exp_sensitivity(q, relation))
+    cells = [_grid_cells(np.asarray(k, dtype=np.int64), np.asarray(w, dtype=np.int64), grid.size)
+             for k, w in groups]
+    return grid.value(_sample_many(cells, q, c, grid.size, resolve_rng(None)))
 
 
 def _batchable(params: ReleaseParams) -> bool:

@@ -246,3 +246,40 @@ def test_unseeded_empty_public_keys_are_released_in_one_batch(spark, monkeypatch
     dp_quantiles(df, "x", quantiles=[0.25, 0.75], epsilon=1.0, lower=0.0, upper=1.0,
                  group_by="g", groups=keys, rng=np.random.default_rng(0)).collect()
     assert calls == []  # seeded: per-key path everywhere
+
+
+def test_spilled_unseeded_joint_exp_groups_are_released_together(monkeypatch):
+    """A spilled fold without a seed releases its JointExp groups in one batched call
+    (joint_exp._sample_many, one row per group, each group's own represented data); with a
+    seed each group keeps its own sampler call. At a huge epsilon both put every output in the
+    gap (or point) of its group's data whose rank fits, so they must agree on those positions;
+    a mix-up of groups (rows or cells) would not."""
+    gen = np.random.default_rng(6)
+    groups = [np.sort(gen.choice(2**32 + 1, size, replace=False)) for size in (30, 80, 300, 1000)]
+    groups.append(np.sort(2**31 + gen.choice(40, 600)))  # heavy ties
+    calls = []
+    real = _release._sample_many
+    monkeypatch.setattr(_release, "_sample_many", lambda cells, *a, **kw: calls.append(len(cells)) or real(cells, *a, **kw))
+    monkeypatch.setattr(_release, "_COMPACT_ROWS", 100)
+    q = (0.1, 0.5, 0.9)
+
+    def run(**kw):
+        fold = _release.Fold(8)
+        for gid, k in enumerate(groups):
+            fold.add((np.int64(gid) << 33) + np.asarray(k, dtype=np.int64))
+        fold.finish()
+        assert fold.spilled
+        return _fold_release(fold, _params(epsilon=1e9, quantiles=q, mechanism="joint_exp", **kw))
+
+    batch = run()
+    assert calls == [len(groups)]
+    per_group = run(base_seed=1)
+    assert calls == [len(groups)]  # the seeded run called the per-group sampler only
+    assert batch.keys() == per_group.keys() == set(range(len(groups)))
+    for g, k in enumerate(groups):
+        rep = GRID.value(np.unique(k))
+        rank = [np.searchsorted(rep, v, side="right") for v in (batch[g][0], per_group[g][0])]
+        assert np.array_equal(*rank), g
+    # power: another group's data would put the outputs elsewhere
+    other = [np.searchsorted(GRID.value(np.unique(groups[1])), v, side="right") for v in (batch[0][0], per_group[1][0])]
+    assert not np.array_equal(*other)
