@@ -80,6 +80,10 @@ cumulative sum). Each run of k outputs in a cell of w points then gets a uniform
 its grid points (:func:`~dpq_spark.core.grid.uniform_multiset`: a uniform k-subset of
 ``[0, w + k - 1)``, minus ``0..k-1``). Released numbers are ``Grid.value(k)``.
 
+Many groups. :mod:`dpq_spark.core.joint_exp_many` samples this same distribution for many groups
+in one pass (for :func:`dpq_spark.core.batch.release_many` and the Spark fold); this module's
+sampler stays the single-group one, which is faster for one group.
+
 Guarantee as implemented. Write ``P`` for the exact mechanism above and ``P~`` for what the code
 samples. (i) Band pruning: ``P~`` targets ``P`` conditioned on the kept cells, which differs from
 ``P`` by total variation ``< 2**-60``. (ii) Run truncation: every run sum is low by a relative
