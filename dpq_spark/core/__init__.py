@@ -8,7 +8,7 @@ them. The mechanisms are imported here: their names are also the names of submod
 
 from __future__ import annotations
 
-import importlib
+from dpq_spark._lazy import lazy_attributes
 
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError, SessionHaltedError
 from dpq_spark.core.bounds import PrivateBounds, private_bounds
@@ -54,14 +54,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dpq_spark.core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(globals(), _LAZY)

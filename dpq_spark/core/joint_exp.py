@@ -495,6 +495,19 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
         shift = c * (T[has_causal] - base[s_last])
         out[has_causal] = logaddexp(carry[s_last], pre_plus[last]) - shift
 
+    _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, tot_minus, src_pos,
+                src_log, c)
+    return out
+
+
+
+def _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, tot_minus, src_pos,
+                src_log, c) -> None:
+    """The window part of a Toeplitz step, added to ``out`` in place: for each receiver, the
+    sources ``[lo, hi)`` (closer than ``t``), from the segment scans (``pre_minus``,
+    ``suf_minus``, ``tot_minus`` over blocks starting at ``starts``, ``seg`` each source's block,
+    ``base`` each block's left end, ``T`` the receiver's position minus ``t``). Shared by
+    :func:`_kernel_sums` and :func:`dpq_spark.core.joint_exp_many._kernel_sums_many`."""
     # Window part: sources [lo, hi) = suffix of lo's segment, whole segments between, prefix of
     # (hi - 1)'s segment. Blocks are shorter than t, so at most one whole segment lies between.
     has_window = lo < hi
@@ -534,8 +547,6 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
                 part[r] = np.logaddexp.reduce(src_log[sl] - c * (src_pos[sl] - Ti[diff][r]))
             win[diff] = part
         out[idx] = logaddexp(out[idx], win)
-    return out
-
 
 # --------------------------------------------------------------------------------------------
 # Forward pass

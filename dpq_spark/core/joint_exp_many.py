@@ -38,6 +38,7 @@ from dpq_spark.core._logscan import logaddexp, segment_ends, segmented_scans
 from dpq_spark.core.grid import draw_index, draw_index_rows, uniform_multiset, uniform_multisets
 from dpq_spark.core.joint_exp import (
     _LOG_RUN_TOL,
+    _add_window,
     _bands,
     _log_run_step,
     _logaddexp_scalar,
@@ -106,45 +107,8 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c, hi=None
         shift = c * (T[has_causal] - base[s_last])
         out[has_causal] = logaddexp(carry[s_last], pre_plus[last]) - shift
 
-    # Window part: sources [lo, hi) = suffix of lo's segment, whole segments between, prefix of
-    # (hi - 1)'s segment. Blocks are shorter than t, so at most one whole segment lies between.
-    has_window = lo < hi
-    if has_window.any():
-        idx = np.flatnonzero(has_window)
-        first, last = lo[idx], hi[idx] - 1
-        s_first, s_last = seg[first], seg[last]
-        Ti = T[idx]
-        same = s_first == s_last
-        win = np.full(idx.size, -np.inf)
-        # Same segment: must be a prefix (first is the segment start) or a suffix (last is its end).
-        if same.any():
-            k = np.flatnonzero(same)
-            is_prefix = first[k] == starts[s_first[k]]
-            is_suffix = last[k] == ends[s_first[k]]
-            kp = k[is_prefix]
-            win[kp] = pre_minus[last[kp]] - c * (base[s_first[kp]] - Ti[kp])
-            ks = k[~is_prefix & is_suffix]
-            win[ks] = suf_minus[first[ks]] - c * (base[s_first[ks]] - Ti[ks])
-            kd = k[~is_prefix & ~is_suffix]
-            for r in kd:  # interior range: cannot happen for exact block ids; kept for safety
-                sl = slice(int(first[r]), int(last[r]) + 1)
-                win[r] = np.logaddexp.reduce(src_log[sl] - c * (src_pos[sl] - Ti[r]))
-        diff = np.flatnonzero(~same)
-        if diff.size:
-            sf, sl_ = s_first[diff], s_last[diff]
-            head = suf_minus[first[diff]] - c * (base[sf] - Ti[diff])
-            tail = pre_minus[last[diff]] - c * (base[sl_] - Ti[diff])
-            part = logaddexp(head, tail)
-            mid = sl_ - sf == 2
-            if mid.any():
-                sm = sf[mid] + 1
-                part[mid] = logaddexp(part[mid], tot_minus[sm] - c * (base[sm] - Ti[diff][mid]))
-            wide = sl_ - sf > 2
-            for r in np.flatnonzero(wide):  # impossible with blocks of 0.75 t; kept for safety
-                sl = slice(int(first[diff][r]), int(last[diff][r]) + 1)
-                part[r] = np.logaddexp.reduce(src_log[sl] - c * (src_pos[sl] - Ti[diff][r]))
-            win[diff] = part
-        out[idx] = logaddexp(out[idx], win)
+    _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, tot_minus, src_pos,
+                src_log, c)
     return out
 
 

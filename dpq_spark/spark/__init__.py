@@ -7,7 +7,7 @@ median-mechanism session.
 
 from __future__ import annotations
 
-import importlib
+from dpq_spark._lazy import lazy_attributes
 
 _NAMES = {
     "dp_quantiles": "dpq_spark.spark.quantiles",
@@ -20,14 +20,4 @@ _NAMES = {
 __all__ = ["dp_quantiles", "MedianMechanismSession", "NumericColumn", "CategoricalColumn", "QuantileAnswer"]
 
 
-def __getattr__(name: str):
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dpq_spark.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(globals(), _NAMES)
