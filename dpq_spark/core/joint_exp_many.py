@@ -382,6 +382,37 @@ def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
     hi = np.empty((G, m), dtype=np.int64)
     for g, cells in enumerate(cells_list):
         lo[g], hi[g] = _bands(*cells, q, c, size)
+    # The forward tables hold every band cell of every step: batches of at most _BATCH_CELLS of
+    # them (a group with more is a batch alone), one after the other. Groups are independent,
+    # so this changes no group's distribution.
+    cost = np.maximum(hi - lo, 0).sum(axis=1)
+    edges = [0]
+    total = 0
+    for g, w in enumerate(cost.tolist()):
+        if total and total + w > _BATCH_CELLS:
+            edges.append(g)
+            total = 0
+        total += w
+    edges.append(G)
+    if len(edges) == 2:
+        return _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out)
+    for x, y in zip(edges[:-1], edges[1:]):
+        mine = np.flatnonzero((rows >= x) & (rows < y))
+        if mine.size:
+            out[mine] = _sample_batch(cells_list[x:y], lo[x:y], hi[x:y], q, c, size, source,
+                                      rows[mine] - x, np.empty((mine.size, m), dtype=np.int64))
+    return out
+
+
+#: band cells (summed over the m steps) of the groups one forward pass holds; about 100 bytes
+#: each across the tables
+_BATCH_CELLS = 1 << 20
+
+
+def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarray:
+    """:func:`_sample_many` for one batch of groups, their bands ``lo``/``hi`` computed."""
+    m = q.size
+    G = len(cells_list)
     # only the cells some band keeps, [a_g, b_g) of each group, are concatenated
     a, b = lo.min(axis=1), hi.max(axis=1)
     lo, hi = lo - a[:, None], hi - a[:, None]

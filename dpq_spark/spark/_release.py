@@ -265,29 +265,38 @@ class _Counter:
         Raw chunks (one row each) are sorted with ``np.sort`` and counted by runs; chunks with
         counts by an unstable argsort (equal codes are summed, so their order does not
         matter); the sorted parts are then merged by a stable argsort, which finds the runs.
-        For 5e6 random codes this is about 0.2 s of CPU against 1 s for one stable argsort of
-        everything."""
+        Each buffered array is dropped once merged. For 500 groups of 1e4 random codes, folded
+        without a spill, this took 0.71-0.98 s of CPU against 0.99-1.46 s for one stable
+        argsort of everything."""
         if not self._chunks:
             return
-        raw = [c for c, w in self._chunks if w is None]
-        weighted = [(c, np.asarray(w, dtype=np.int64)) for c, w in self._chunks if w is not None]
+        chunks, self._chunks, self._buffered = self._chunks, [], 0
+        raw = [c for c, w in chunks if w is None]
+        weighted = [(c, np.asarray(w, dtype=np.int64)) for c, w in chunks if w is not None]
+        del chunks  # each buffered array is freed as soon as it is merged
         parts = [(self.codes, self.counts)] if self.codes.size else []
         if raw:
             codes = np.concatenate(raw) if len(raw) > 1 else raw[0].copy()
+            del raw
             codes.sort()
             parts.append(_count_runs(codes))
+            del codes
         if weighted:
             codes = np.concatenate([c for c, _ in weighted])
+            counts = np.concatenate([w for _, w in weighted])
+            del weighted
             order = np.argsort(codes)
-            parts.append(_reduce_sorted(codes[order], np.concatenate([w for _, w in weighted])[order]))
-        self._chunks, self._buffered = [], 0
+            parts.append(_reduce_sorted(codes[order], counts[order]))
+            del codes, counts, order
         if len(parts) == 1:
             self.codes, self.counts = parts[0]
             return
         codes = np.concatenate([c for c, _ in parts])
         order = np.argsort(codes, kind="stable")  # sorted runs: timsort merges them
-        self.codes, self.counts = _reduce_sorted(codes[order],
-                                                 np.concatenate([w for _, w in parts])[order])
+        codes = codes[order]
+        counts = np.concatenate([w for _, w in parts])[order]
+        del parts, order
+        self.codes, self.counts = _reduce_sorted(codes, counts)
 
 
 def _count_runs(codes):
