@@ -489,16 +489,23 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
 
     # Causal part.
     has_causal = lo > 0
+    _add_causal(out, has_causal, lo, seg, T, base, carry, pre_plus, c)
+    _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, tot_minus, src_pos,
+                src_log, c)
+    return out
+
+
+
+def _add_causal(out, has_causal, lo, seg, T, base, carry, pre_plus, c) -> None:
+    """The causal part of a Toeplitz step, added to ``out`` in place for the receivers
+    ``has_causal``: the sources before ``lo`` (at least ``t`` to the left), from the carry into
+    the last one's block and that block's prefix scan ``pre_plus``. Shared by
+    :func:`_kernel_sums` and :func:`dpq_spark.core.joint_exp_many._kernel_sums_many`."""
     if has_causal.any():
         last = lo[has_causal] - 1
         s_last = seg[last]
         shift = c * (T[has_causal] - base[s_last])
         out[has_causal] = logaddexp(carry[s_last], pre_plus[last]) - shift
-
-    _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, tot_minus, src_pos,
-                src_log, c)
-    return out
-
 
 
 def _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, tot_minus, src_pos,

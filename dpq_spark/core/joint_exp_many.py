@@ -38,6 +38,7 @@ from dpq_spark.core._logscan import logaddexp, segment_ends, segmented_scans
 from dpq_spark.core.grid import draw_index, draw_index_rows, uniform_multiset, uniform_multisets
 from dpq_spark.core.joint_exp import (
     _LOG_RUN_TOL,
+    _add_causal,
     _add_window,
     _bands,
     _log_run_step,
@@ -101,12 +102,7 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c, hi=None
 
     # Causal part.
     has_causal = lo > np.repeat(src_off[:-1], rec_len)
-    if has_causal.any():
-        last = lo[has_causal] - 1
-        s_last = seg[last]
-        shift = c * (T[has_causal] - base[s_last])
-        out[has_causal] = logaddexp(carry[s_last], pre_plus[last]) - shift
-
+    _add_causal(out, has_causal, lo, seg, T, base, carry, pre_plus, c)
     _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, tot_minus, src_pos,
                 src_log, c)
     return out
