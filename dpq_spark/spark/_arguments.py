@@ -27,7 +27,7 @@ from dpq_spark.core._validation import (
     check_quantiles,
 )
 from dpq_spark.core.privacy import NeighboringRelation
-from dpq_spark.spark._compat import arrow_type, is_dataframe
+from dpq_spark.spark._compat import arrow_type, is_collated, is_dataframe
 from dpq_spark.spark._mechanisms import get_mechanism
 from dpq_spark.spark._release import BUCKETS
 
@@ -185,7 +185,7 @@ def _plain_keys(groups, name: str, dtype):
     if not isinstance(groups, (list, tuple, range)) or not groups:
         return None  # (an iterator is read once, by the general path; it names an empty list)
     if isinstance(dtype, T.StringType):
-        if getattr(dtype, "collation", "UTF8_BINARY") != "UTF8_BINARY":
+        if is_collated(dtype):
             return None
         plain, arrow = str, pa.string()
     elif isinstance(dtype, T.IntegralType):

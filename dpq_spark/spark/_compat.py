@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 __all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "arrow_type", "arrow_schema",
-           "try_cast", "is_column", "is_dataframe"]
+           "try_cast", "is_column", "is_dataframe", "is_collated"]
 
 SPARK_VERSION: tuple[int, int] = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
 _SPARK4 = SPARK_VERSION >= (4, 0)
@@ -134,6 +134,13 @@ def _name_parts(name: str) -> list[str]:
         raise ValueError(f"column name {name!r} has an unclosed backtick")
     parts.append("".join(current))
     return parts
+
+
+def is_collated(data_type: T.DataType) -> bool:
+    """Whether ``data_type`` is a string type with a collation other than ``UTF8_BINARY``
+    (pyspark 4; on 3.5 strings have no collation): its equality and order are not those of
+    its bytes."""
+    return getattr(data_type, "collation", "UTF8_BINARY") != "UTF8_BINARY"
 
 
 def is_column(obj) -> bool:

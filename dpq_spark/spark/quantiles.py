@@ -25,7 +25,7 @@ from dpq_spark.spark import _compat
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark import _release
 from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
-from dpq_spark.spark._compat import create_dataframe
+from dpq_spark.spark._compat import create_dataframe, is_collated
 from dpq_spark.spark._keys import key_seed, normalise, spark_order
 from dpq_spark.spark._release import (
     CELL,
@@ -360,7 +360,7 @@ def _plan(req: QuantileRequest, key_table):
     elif key_table is not None:
         index = key_table.select(list(req.keys)).append_column(
             GID, pa.array(np.arange(key_table.num_rows, dtype=np.int64)))
-        schema = T.StructType([*_output_schema(req).fields[:len(req.keys)],
+        schema = T.StructType([*_key_fields(req),
                                T.StructField(GID, T.LongType(), False)])
         index_df = create_dataframe(req.df.sparkSession, index, schema)
         rows = flow.attach_key_index(
@@ -379,14 +379,18 @@ def _literal_keys(req: QuantileRequest, key_table: pa.Table) -> bool:
         return False
     dtype = req.df.schema[req.keys[0]].dataType
     plain = isinstance(dtype, T.IntegralType) or (
-        isinstance(dtype, T.StringType)
-        and getattr(dtype, "collation", "UTF8_BINARY") == "UTF8_BINARY")
+        isinstance(dtype, T.StringType) and not is_collated(dtype))
     return plain and key_table.column(req.keys[0]).null_count == 0
+
+
+def _key_fields(req: QuantileRequest) -> list[T.StructField]:
+    """The output's key columns: the ``group_by`` columns' types, nullable."""
+    return [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
 
 
 def _output_schema(req: QuantileRequest) -> T.StructType:
     """The long layout's schema (what every release path builds)."""
-    fields = [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
+    fields = _key_fields(req)
     fields += [T.StructField("quantile", T.DoubleType(), False),
                T.StructField("value", T.DoubleType(), False),
                T.StructField(MECHANISM, T.StringType(), False)]
@@ -396,7 +400,7 @@ def _output_schema(req: QuantileRequest) -> T.StructType:
 def _wide_schema(req: QuantileRequest) -> T.StructType:
     """The wide layout's schema: keys, ``value`` (array of double, the quantiles in the field's
     metadata) and ``mechanism``."""
-    fields = [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
+    fields = _key_fields(req)
     fields += [T.StructField("value", T.ArrayType(T.DoubleType(), False), False,
                              metadata={"quantiles": list(req.quantiles)}),
                T.StructField(MECHANISM, T.StringType(), False)]
@@ -593,10 +597,8 @@ def _materialise(req: QuantileRequest, table) -> DataFrame:
     collation other than ``UTF8_BINARY``) does Spark sort.
     """
     spark = req.df.sparkSession
-    collated = any(getattr(req.df.schema[k].dataType, "collation", "UTF8_BINARY") != "UTF8_BINARY"
-                   for k in req.keys)  # pyspark 4: a string column with a non-binary collation
-    wide = req.layout == "wide"
-    if wide:
+    collated = any(is_collated(req.df.schema[k].dataType) for k in req.keys)
+    if req.layout == "wide":
         table, schema, then = _wide(req, table), _wide_schema(req), ()
     else:
         schema, then = _output_schema(req), ("quantile",)
