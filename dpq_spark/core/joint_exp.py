@@ -495,7 +495,6 @@ def _kernel_sums(src_pos, src_log, rec_pos, t, c):
     return out
 
 
-
 def _add_causal(out, has_causal, lo, seg, T, base, carry, pre_plus, c) -> None:
     """The causal part of a Toeplitz step, added to ``out`` in place for the receivers
     ``has_causal``: the sources before ``lo`` (at least ``t`` to the left), from the carry into
@@ -554,6 +553,7 @@ def _add_window(out, lo, hi, seg, starts, ends, base, T, pre_minus, suf_minus, t
                 part[r] = np.logaddexp.reduce(src_log[sl] - c * (src_pos[sl] - Ti[diff][r]))
             win[diff] = part
         out[idx] = logaddexp(out[idx], win)
+
 
 # --------------------------------------------------------------------------------------------
 # Forward pass

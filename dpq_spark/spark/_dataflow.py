@@ -224,9 +224,10 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFra
     """Grouped path with public keys: one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k
     the grid index; the caller refuses more than 2**30 keys so it fits) or without bounds
     ``GID * resolution + bucket``; hash partitioned by ``GID`` computed back from the code (one
-    shuffle, of the code alone); only ``CODE`` travels to Python. The frame carries its schema (``DataFrame.to``), so that a Spark Connect
-    client need not ask the server for it: ``mapInArrow`` reads the input's columns, which
-    would otherwise cost an analysis round trip of the whole plan."""
+    shuffle, of the code alone); only ``CODE`` travels to Python. The frame carries its schema
+    (``DataFrame.to``), so that a Spark Connect client need not ask the server for it:
+    ``mapInArrow`` reads the input's columns, which would otherwise cost an analysis round trip
+    of the whole plan."""
     span = CODE_SPAN if lower is not None else resolution
     code = F.col(GID).cast("long") * F.lit(span).cast("long") + value_cell(lower, upper, resolution)
     # Partitioned by the key index recomputed from the code (the same value, hence the same

@@ -602,8 +602,8 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
 def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
     """JointExp for many groups (grid indices and counts each) in one batched pass
     (:func:`~dpq_spark.core.joint_exp_many._sample_many`) with fresh OS entropy: each group's row
-    has exactly the distribution :func:`_run_fine` gives it (the same sampler run on one
-    group), released as grid values. Production randomness only; seeded runs keep
+    has the distribution :func:`_run_fine` gives it (the same exponential mechanism, pruning
+    and truncation; see :mod:`dpq_spark.core.joint_exp_many`), released as grid values. Production randomness only; seeded runs keep
     :func:`_run_fine` per group (per-key draws)."""
     grid = _grid(params)
     q = np.asarray(params.quantiles, dtype=np.float64)

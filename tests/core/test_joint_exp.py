@@ -517,8 +517,9 @@ def test_continuous_data_keeps_its_accuracy():
 
 
 def test_batch_joint_exp_draws_the_core_sampler_draw_for_draw():
-    """``release_many`` builds a large group's cells once and hands them to the sampler
-    (``_sample_cells``); on 300 seeded groups beyond enumeration (ties, zero counts, indices at
+    """``release_many`` builds a large group's cells once and hands them to the batched sampler
+    (``joint_exp_many._sample_many``, which draws a single group in the core's order); on 300
+    seeded groups beyond enumeration (ties, zero counts, indices at
     both ends of the grid, m from 3 to 12, both relations) every draw equals
     :func:`joint_exp_indices` on the same indices with the same seed."""
     from dpq_spark.core.batch import release_many
