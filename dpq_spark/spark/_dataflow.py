@@ -6,6 +6,7 @@ a path from the data: every branch depends only on public arguments.
 
 from __future__ import annotations
 
+import functools
 from functools import reduce
 
 import numpy as np
@@ -25,9 +26,12 @@ from dpq_spark.spark._release import (
     BUCKET_OFFSET,
     CELL,
     CODE,
+    CODES,
     COUNT,
+    COUNTS,
     GID,
     UNITS,
+    pack_partition,
 )
 
 CODE_SPAN = 1 << 33  # public-key codes: GID * 2**33 + grid index (k <= 2**32)
@@ -41,6 +45,9 @@ __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "boun
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
 _CODE_SCHEMA = T.StructType([T.StructField(CODE, T.LongType(), True)])
+PACKED_SCHEMA = T.StructType([T.StructField(GID, T.LongType(), False),
+                              T.StructField(CODES, T.BinaryType(), False),
+                              T.StructField(COUNTS, T.BinaryType(), False)])
 _RAND = "__dpq_rand"
 _KEPT = "__dpq_kept"
 _COARSE = "__dpq_coarse"
@@ -221,18 +228,23 @@ def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower, upper,
 
 
 def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
-    """Grouped path with public keys: one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k
-    the grid index; the caller refuses more than 2**30 keys so it fits) or without bounds
-    ``GID * resolution + bucket``; hash partitioned by ``GID`` computed back from the code (one
-    shuffle, of the code alone); only ``CODE`` travels to Python. The frame carries its schema
-    (``DataFrame.to``), so that a Spark Connect client need not ask the server for it:
-    ``mapInArrow`` reads the input's columns, which would otherwise cost an analysis round trip
-    of the whole plan."""
+    """Grouped path with public keys: the kept rows' codes, packed and partitioned by group.
+
+    Spark computes one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k the grid index; the
+    caller refuses more than 2**30 keys so it fits) or without bounds ``GID * resolution +
+    bucket``. A first ``mapInArrow`` (:func:`~dpq_spark.spark._release.pack_partition`, on each
+    input partition, no shuffle) sorts them in memory-bounded chunks and packs them into rows of
+    one group each (``GID``, then up to 256 codes, with their counts when tied, as bytes); the
+    one shuffle, hash partitioned by ``GID``, moves those rows. Every group is then whole in
+    one partition, with the same multiset of codes. Shuffling packed rows instead of one row
+    per data row is what makes this cheap: on 1e7 rows in 1,000 groups (local[2]) the shuffle
+    and transfer to Python took 3.4-3.7 s instead of 4.6-5.2 s.
+
+    Both frames carry their schema (``DataFrame.to``), so that a Spark Connect client need not
+    ask the server for it: ``mapInArrow`` reads its input's columns, which would otherwise cost
+    an analysis round trip of the whole plan."""
     span = CODE_SPAN if lower is not None else resolution
     code = F.col(GID).cast("long") * F.lit(span).cast("long") + value_cell(lower, upper, resolution)
-    # Partitioned by the key index recomputed from the code (the same value, hence the same
-    # partition, as partitioning by GID), so that the shuffle carries the code alone.
-    gid = (F.shiftright(F.col(CODE), CODE_SPAN.bit_length() - 1) if lower is not None
-           else F.expr(f"`{CODE}` div {int(span)}"))
-    codes = rows.select(code.alias(CODE)).repartition(gid)
-    return codes.to(_CODE_SCHEMA)
+    codes = rows.select(code.alias(CODE)).to(_CODE_SCHEMA)
+    packed = codes.mapInArrow(functools.partial(pack_partition, span=int(span)), PACKED_SCHEMA)
+    return packed.repartition(F.col(GID)).to(PACKED_SCHEMA)

@@ -44,7 +44,8 @@ from dpq_spark.core.privacy import (
 from dpq_spark.spark._mechanisms import get_mechanism
 
 __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams",
-           "release_group", "release_counts", "release_values", "release_partition", "CODE", "GID",
+           "release_group", "release_counts", "release_values", "release_partition", "pack_partition",
+           "CODE", "CODES", "COUNTS", "GID",
            "BUCKET_BITS", "BUCKET_EMIN", "BUCKET_EMAX", "BUCKET_FLOOR", "BUCKET_CAP",
            "BUCKET_OFFSET", "BUCKETS", "bucket_index", "bucket_values", "release_keyed_partition"]
 
@@ -52,6 +53,8 @@ __all__ = ["CELL", "COUNT", "UNITS", "KEY_HASH", "MECHANISM", "ReleaseParams",
 CELL = "__dpq_cell"
 CODE = "__dpq_code"  # public-key path: key index * resolution + cell, packed in the JVM
 GID = "__dpq_gid"  # public-key path: index of the key in the driver's key list
+CODES = "__dpq_codes"  # public-key path after packing: sorted codes of one group, as bytes
+COUNTS = "__dpq_counts"  # ... and their counts as bytes (empty: one row each)
 COUNT = "__dpq_count"
 UNITS = "__dpq_units"
 KEY_HASH = "__dpq_key_hash"
@@ -97,9 +100,13 @@ def bucket_values(index) -> np.ndarray:
     return np.where(mag == 0, 0.0, np.sign(idx) * v)
 
 _UINT64 = 1 << 64
-#: Distinct (group, grid index) pairs a partition may hold in memory before it spills (the
-#: driver copies the value into ``ReleaseParams.fold_budget``; tests lower it).
+#: Distinct (group, grid index) pairs a partition may hold in memory before it considers a
+#: spill (the driver copies the value into ``ReleaseParams.fold_budget``; tests lower it).
 FOLD_BUDGET = 1 << 21
+#: A fold past its budget spills only when its coarse counts would be at most this fraction of
+#: its fine counts; otherwise the spill would hold as many counts as it frees, and the budget
+#: doubles instead (copied into ``ReleaseParams.spill_shrink``; tests set 1.0 to force spills).
+SPILL_SHRINK = 0.5
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class ReleaseParams:
     key_hashes: tuple[int, ...] | None = None  # public-key path with a seeded rng only
     bounds_share: float | None = None  # bounds-free path only
     fold_budget: int = FOLD_BUDGET  # distinct (group, grid index) pairs before a partition spills
+    spill_shrink: float = SPILL_SHRINK  # ... if its coarse counts are at most this fraction
 
     @property
     def bounds_free(self) -> bool:
@@ -223,6 +231,8 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 
 _COMPACT_ROWS = 1 << 20  # raw codes buffered before they are merged into counts (or spilled)
 _MERGE_CAP = 1 << 23  # ... and at most this many more when the merged codes are already many
+_PACK_ROWS = 1 << 20  # codes a map task sorts together before packing them
+_PACK_WIDTH = 256  # at most this many codes (2 KiB) in one packed row
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
 _BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once per call)
 
@@ -312,19 +322,28 @@ class Fold:
 
     Codes are ``gid * 2**33 + k`` (``k`` the index on the default grid, at most ``2**32``).
     While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
-    it the fold *spills*: the codes are appended to a temporary file in the worker's temp
-    directory (deleted by :meth:`close`) in chunks of up to ``_COMPACT_ROWS`` rows, each stored
-    as raw codes (8 bytes a row) or as distinct (code, count) pairs when that is smaller, and
-    memory keeps only counts per (group, coarse cell ``k >> 12``), at most ``2**20 + 1`` per
-    group whatever its number of rows.
+    it the fold *spills* if the spill saves memory, that is if the distinct (group, coarse cell
+    ``k >> 12``) codes are at most ``shrink`` times the distinct codes; otherwise (values
+    spread over more cells than they fill, as 1e4 rows a group over a span of 2**20 coarse
+    cells) the coarse counts would be as many as the fine ones, so the budget doubles and the
+    test is made again when it is reached. A spilled fold appends the codes to a temporary file
+    in the worker's temp directory (deleted by :meth:`close`) in chunks of up to
+    ``_COMPACT_ROWS`` rows, each stored as raw codes (8 bytes a row) or as distinct (code,
+    count) pairs when that is smaller, and memory keeps only counts per (group, coarse cell),
+    at most ``2**20 + 1`` per group whatever its number of rows.
     :meth:`fine_counts` re-reads the file in chunks for the coarse cells asked for.
+
+    Spilled or not, each group's release has the same distribution to within total variation
+    2**-59 (:mod:`dpq_spark.core.coarse_bands`); the choice depends on the data's spread, and
+    shows only in time and memory.
     """
 
     SHIFT = 33  # bits of k in a code
     _COARSE_SHIFT = 21  # bits of the coarse cell in a coarse code
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, shrink: float = SPILL_SHRINK):
         self.budget = int(budget)
+        self.shrink = float(shrink)
         self.fine = _Counter()
         self.coarse: _Counter | None = None
         self._spill = None
@@ -333,15 +352,19 @@ class Fold:
     def spilled(self) -> bool:
         return self._spill is not None
 
-    def add(self, codes) -> None:
+    def add(self, codes, counts=None) -> None:
+        """Count ``codes`` (one row each, or ``counts`` rows each)."""
         codes = np.asarray(codes, dtype=np.int64)
         if codes.size == 0:
             return
         if self._spill is None:
-            if self.fine.add(codes) and self.fine.codes.size > self.budget:
-                self._start_spill()
+            if self.fine.add(codes, counts) and self.fine.codes.size > self.budget:
+                self._over_budget()
             return
-        self._pending.append(codes)
+        if counts is None:
+            self._pending.append(codes)
+        else:
+            self._weighted.append((codes, np.asarray(counts, dtype=np.int64)))
         self._pending_rows += codes.size
         if self._pending_rows >= _COMPACT_ROWS:
             self._flush()
@@ -350,30 +373,51 @@ class Fold:
         if self._spill is None:
             self.fine.compact()
             if self.fine.codes.size > self.budget:
-                self._start_spill()
+                self._over_budget()
         self._flush()
         if self.coarse is not None:
             self.coarse.compact()
 
+    def _over_budget(self) -> None:
+        """Spill if the coarse counts would be at most ``shrink`` times the fine ones, else
+        double the budget."""
+        coarse = self.coarse_code(self.fine.codes)  # sorted, as the fine codes are
+        distinct = 1 + int(np.count_nonzero(coarse[1:] != coarse[:-1]))  # fine codes: >= 1
+        del coarse
+        if distinct <= self.shrink * self.fine.codes.size:
+            self._start_spill()
+        else:
+            while self.budget < self.fine.codes.size:
+                self.budget *= 2
+
     def _start_spill(self) -> None:
         self._spill = tempfile.TemporaryFile(prefix="dpq_fold_")
-        self._pending, self._pending_rows = [], 0
+        self._pending, self._weighted, self._pending_rows = [], [], 0
         self.coarse = _Counter()
         codes, counts = self.fine.codes, self.fine.counts
         self.fine = _Counter()
         self._write(codes, counts)
 
     def _flush(self) -> None:
-        if self._spill is None or not self._pending:
+        if self._spill is None:
             return
-        raw = np.sort(np.concatenate(self._pending))
-        self._pending, self._pending_rows = [], 0
-        codes, counts = _reduce_sorted(raw, np.ones(raw.size, dtype=np.int64))
-        if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
-            self._write(raw, None)
-            self.coarse.add(*_reduce_sorted(self.coarse_code(codes), counts))
-        else:
-            self._write(codes, counts)
+        pending, weighted = self._pending, self._weighted
+        self._pending, self._weighted, self._pending_rows = [], [], 0
+        if pending:
+            raw = np.sort(np.concatenate(pending))
+            del pending
+            codes, counts = _count_runs(raw)
+            if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
+                self._write(raw, None)
+                self.coarse.add(*_reduce_sorted(self.coarse_code(codes), counts))
+            else:
+                self._write(codes, counts)
+        if weighted:
+            codes = np.concatenate([c for c, _ in weighted])
+            counts = np.concatenate([w for _, w in weighted])
+            del weighted
+            order = np.argsort(codes)
+            self._write(*_reduce_sorted(codes[order], counts[order]))
 
     def _write(self, codes, counts) -> None:
         """Append one chunk: header (size, has counts), the codes, then the counts if any."""
@@ -402,9 +446,9 @@ class Fold:
 
     @classmethod
     def coarse_code(cls, codes):
-        gid = codes >> cls.SHIFT
-        k = codes - (gid << cls.SHIFT)
-        return (gid << cls._COARSE_SHIFT) + (k >> COARSE_SHIFT)
+        """``gid * 2**21 + (k >> 12)`` of ``gid * 2**33 + k``: since ``k < 2**33`` this is the
+        code shifted right by 12 bits (monotone, so sorted codes give sorted coarse codes)."""
+        return codes >> COARSE_SHIFT
 
     def groups(self):
         """Sorted gids and, per gid, ``(a, b)`` slices into :meth:`arrays`."""
@@ -643,7 +687,7 @@ def _with_fold(body, batches, params: ReleaseParams):
     """Run a partition body with its sink: a :class:`Fold` with bounds (its spill file deleted
     when the body ends, also when the task fails), else a :class:`_Counter` of (group, bucket)
     codes."""
-    sink = _Counter() if params.bounds_free else Fold(params.fold_budget)
+    sink = _Counter() if params.bounds_free else Fold(params.fold_budget, params.spill_shrink)
     try:
         yield from body(batches, params, sink)
     finally:
@@ -657,6 +701,86 @@ def _release_sink(sink, params: ReleaseParams, units_of, hash_of):
         sink.finish()
         return _release_fold(sink, params, units_of, hash_of)
     return _release_buckets(sink, params, units_of, hash_of)
+
+
+def pack_partition(batches, span: int):
+    """``mapInArrow`` body before the public-key shuffle: the same codes, sorted and packed.
+
+    Each input row is one ``CODE`` (``gid * span + index``). Up to ``_PACK_ROWS`` codes at a time
+    are sorted and cut into rows of one group each, ``GID`` and at most ``_PACK_WIDTH`` codes
+    as the bytes of int64s in ``CODES``; when the sorted codes have many ties they go as
+    distinct codes with their counts (``COUNTS``, else empty bytes: one row each). The multiset
+    of codes of every group is unchanged, so the release is too; the shuffle then moves a few
+    thousand rows of bytes instead of one row per data row, which is most of its cost. Memory:
+    the buffered codes and their sorted copy (tens of MiB), whatever the partition's size.
+    Reads no randomness and releases nothing (the codes only change place).
+    """
+    buffered, size = [], 0
+    for batch in batches:
+        if len(batch) == 0:
+            continue
+        buffered.append(np.asarray(batch.column(0), dtype=np.int64))
+        size += len(batch)
+        if size >= _PACK_ROWS:
+            yield _packed(buffered, span)
+            buffered, size = [], 0
+    if buffered:
+        yield _packed(buffered, span)
+
+
+def _packed(buffered, span: int) -> pa.RecordBatch:
+    raw = np.concatenate(buffered) if len(buffered) > 1 else buffered[0].copy()
+    raw.sort()
+    codes, counts = _count_runs(raw)
+    if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
+        codes, counts = raw, None
+    del raw
+    gid = codes // span
+    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+    ends = np.r_[starts[1:], codes.size]
+    pieces = -(-(ends - starts) // _PACK_WIDTH)
+    piece = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    first = np.repeat(starts, pieces) + _PACK_WIDTH * piece
+    offsets = pa.py_buffer((8 * np.r_[first, codes.size]).astype(np.int32))
+    n = first.size
+
+    def blob(values):
+        return pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(values)])
+
+    if counts is None:
+        counts_column = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+            np.zeros(n + 1, dtype=np.int32)), pa.py_buffer(b"")])
+    else:
+        counts_column = blob(counts)
+    return pa.RecordBatch.from_arrays([pa.array(gid[first]), blob(codes), counts_column],
+                                      names=[GID, CODES, COUNTS])
+
+
+def _int64s(column) -> tuple[np.ndarray, np.ndarray]:
+    """The int64s stored as bytes in a binary (or large binary) Arrow column, concatenated in
+    row order, and the number in each row (no copy)."""
+    width = 8 if pa.types.is_large_binary(column.type) else 4
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32 if width == 4 else np.int64,
+                            count=len(column) + 1, offset=width * column.offset)
+    lengths = np.diff(offsets) // 8
+    data = column.buffers()[2]
+    total = int(offsets[-1] - offsets[0]) // 8
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), lengths
+    return np.frombuffer(data, dtype=np.int64, count=total, offset=int(offsets[0])), lengths
+
+
+def _unpacked(batch):
+    """``(codes, counts or None)`` of one batch of :func:`pack_partition`'s rows."""
+    codes, lengths = _int64s(batch.column(CODES))
+    counts, given = _int64s(batch.column(COUNTS))
+    if counts.size == 0:
+        return codes, None
+    if counts.size == codes.size:
+        return codes, counts
+    weights = np.ones(codes.size, dtype=np.int64)  # rows of both kinds: counts where given
+    weights[np.repeat(given > 0, lengths)] = counts
+    return codes, weights
 
 
 def release_partition(batches, params: ReleaseParams):
@@ -679,8 +803,8 @@ def _release_partition(batches, params: ReleaseParams, sink):
     for batch in batches:
         if len(batch) == 0:
             continue
-        # key index and grid index (or bucket) already packed into one int64 by Spark
-        sink.add(np.asarray(batch[CODE], dtype=np.int64))  # pandas or Arrow batch
+        # key index and grid index (or bucket) in one int64, sorted and packed per group
+        sink.add(*_unpacked(batch))
     if params.key_hashes is not None:
         def hash_of(gid):
             return params.key_hashes[gid]

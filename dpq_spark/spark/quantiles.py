@@ -349,6 +349,7 @@ def _plan(req: QuantileRequest, key_table):
         mechanism=req.mechanism,
         bounds_share=req.bounds_share,
         fold_budget=_release.FOLD_BUDGET,  # read here, on the driver (tests lower it)
+        spill_shrink=_release.SPILL_SHRINK,
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,

@@ -149,6 +149,7 @@ def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechan
     JointExp on the represented data, and the outlier group has pruned cells (so the
     represented data differs from the fine data and the spill re-read was selective)."""
     monkeypatch.setattr(_release, "FOLD_BUDGET", 64)
+    monkeypatch.setattr(_release, "SPILL_SHRINK", 1.0)  # spill whatever the spread
     data = grouped_data()
     names = [*data, "empty"]
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
@@ -172,6 +173,7 @@ def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechan
 def test_spill_path_on_partition_selection(spark, monkeypatch):
     """Keys from the data (mapInPandas): the same fold, spilled."""
     monkeypatch.setattr(_release, "FOLD_BUDGET", 16)
+    monkeypatch.setattr(_release, "SPILL_SHRINK", 1.0)  # spill whatever the spread
     data = grouped_data()
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=4.0, lower=A, upper=B,
                        group_by="g", delta=1e-6, mechanism="joint_exp",
@@ -255,6 +257,7 @@ def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
     from dpq_spark.core.approx_quantiles import approx_quantiles
 
     monkeypatch.setattr(_release, "FOLD_BUDGET", budget)
+    monkeypatch.setattr(_release, "SPILL_SHRINK", 1.0)  # spill whatever the spread
     data = grouped_data()
     names = list(data)
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,

@@ -48,7 +48,7 @@ def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budge
     if ties:  # 60 distinct values: every spilled chunk is stored as (code, count) pairs
         k = np.sort(np.unique(k))[:60][gen.integers(0, 60, 6000)]
     codes = (gids << 33) + k
-    fold = _release.Fold(budget)
+    fold = _release.Fold(budget, shrink=1.0)  # spill past the budget whatever the spread
     try:
         for i in range(0, codes.size, 333):
             fold.add(codes[i:i + 333])
@@ -74,6 +74,70 @@ def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budge
         assert got_counts.tolist() == e_counts.tolist()
     finally:
         fold.close()
+
+
+def test_fold_spills_only_when_coarse_counts_are_fewer(monkeypatch):
+    """Past its budget a fold spills only if its coarse counts would be at most half its fine
+    ones: values spread one per coarse cell keep exact counts (the budget doubles, as often as
+    needed), values tied into few coarse cells spill. Either way the counts are exact."""
+    monkeypatch.setattr(_release, "_COMPACT_ROWS", 500)
+    gen = np.random.default_rng(4)
+    spread = (gen.integers(0, 3, 5000) << 33) + 4096 * gen.choice(2**20, 5000, replace=False)
+    dense = (gen.integers(0, 3, 5000) << 33) + 2**31 + gen.integers(0, 8 * 4096, 5000)
+    for codes, spills in [(spread, False), (dense, True)]:
+        fold = _release.Fold(300)
+        try:
+            for i in range(0, codes.size, 250):
+                fold.add(codes[i:i + 250])
+            fold.finish()
+            assert fold.spilled == spills
+            want, counts = np.unique(codes if not spills else codes >> 12, return_counts=True)
+            index, got = fold.arrays()
+            assert got.tolist() == counts.tolist()
+            assert fold.budget >= (want.size if not spills else 300)
+        finally:
+            fold.close()
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_packed_rows_keep_every_groups_codes(monkeypatch, ties):
+    """pack_partition (before the shuffle) sorts codes in chunks and cuts them into rows of one
+    group and at most _PACK_WIDTH codes, with counts when tied; unpacking any mix of its rows
+    (rows of tied and of distinct chunks in one batch, as a shuffle delivers them) gives back
+    every code with its multiplicity."""
+    monkeypatch.setattr(_release, "_PACK_ROWS", 1500)
+    gen = np.random.default_rng(5)
+    gid = gen.integers(0, 6, 9000)
+    k = gen.integers(0, 40, 9000) if ties else gen.integers(0, 2**32 + 1, 9000)
+    k[:3000] = gen.integers(0, 3, 3000)  # the first chunks tied whatever ``ties``
+    codes = (gid << 33) + k
+    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 700])], names=[_release.CODE])
+           for i in range(0, codes.size, 700)]
+    packed = list(_release.pack_partition(iter(raw), 1 << 33))
+    table = pa.Table.from_batches(packed)
+    assert table.schema.names == [_release.GID, _release.CODES, _release.COUNTS]
+    shuffled = table.take(gen.permutation(table.num_rows)).combine_chunks()
+    got = {}
+    for batch in shuffled.to_batches(max_chunksize=97):
+        c, w = _release._unpacked(batch)
+        w = np.ones(c.size, dtype=np.int64) if w is None else w
+        assert np.all(c >> 33 == np.repeat(batch.column(_release.GID).to_numpy(),
+                                            _release._int64s(batch.column(_release.CODES))[1]))
+        for code, n in zip(c.tolist(), w.tolist()):
+            got[code] = got.get(code, 0) + n
+    want_codes, want_counts = np.unique(codes, return_counts=True)
+    assert sorted(got) == want_codes.tolist()
+    assert [got[c] for c in want_codes.tolist()] == want_counts.tolist()
+    lengths = _release._int64s(table.column(_release.CODES).combine_chunks())[1]
+    assert lengths.max() <= _release._PACK_WIDTH and lengths.min() >= 1
+    assert any(len(b.column(_release.COUNTS).buffers()[2] or b"") for b in packed)  # tied chunks
+    # large_binary offsets (Spark 4's arrow.useLargeVarTypes) read the same
+    big = shuffled.cast(pa.schema([table.schema.field(0), pa.field(_release.CODES, pa.large_binary()),
+                                   pa.field(_release.COUNTS, pa.large_binary())]))
+    for small_batch, large_batch in zip(shuffled.to_batches(), big.to_batches()):
+        a, b = _release._unpacked(small_batch), _release._unpacked(large_batch)
+        assert np.array_equal(a[0], b[0])
+        assert (a[1] is None) == (b[1] is None) and (a[1] is None or np.array_equal(a[1], b[1]))
 
 
 def dlap_tail(k, scale):
@@ -120,16 +184,19 @@ def test_new_key_released_with_probability_at_most_delta(groups):
 
 @pytest.mark.parametrize("budget", [1 << 22, 4])
 def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
-    """Public-key path: one int64 code = key index * 2**33 + grid index per row; spilled or
-    not, each key index is released from its own rows."""
+    """Public-key path: one int64 code = key index * 2**33 + grid index per row, packed per
+    group (pack_partition); spilled or not, each key index is released from its own rows."""
     monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)
     gen = np.random.default_rng(3)
     gids = gen.integers(0, 7, 4000)
     k = 5000 * (gids + 1) + gen.integers(0, 3, 4000)  # each group within a few grid points
     codes = (gids << 33) + k
-    batches = [pd.DataFrame({_release.CODE: codes[i:i + 450]}) for i in range(0, 4000, 450)]
+    monkeypatch.setattr(_release, "_PACK_ROWS", 1000)  # several packed chunks per group
+    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 450])], names=[_release.CODE])
+           for i in range(0, 4000, 450)]
+    batches = list(_release.pack_partition(iter(raw), 1 << 33))
     params = _params(keys=("g",), extra_columns=(_release.CODE,), epsilon=1e4,
-                     fold_budget=budget)
+                     fold_budget=budget, spill_shrink=1.0)
     out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params))).to_pandas()
     assert list(out.columns) == [_release.GID, "quantile", "value", "mechanism"]
     assert set(out["mechanism"]) == {"joint_exp"}
@@ -264,7 +331,7 @@ def test_spilled_unseeded_joint_exp_groups_are_released_together(monkeypatch):
     q = (0.1, 0.5, 0.9)
 
     def run(**kw):
-        fold = _release.Fold(8)
+        fold = _release.Fold(8, shrink=1.0)
         for gid, k in enumerate(groups):
             fold.add((np.int64(gid) << 33) + np.asarray(k, dtype=np.int64))
         fold.finish()
