@@ -785,7 +785,9 @@ def _unpacked(batch):
 
 def release_partition(batches, params: ReleaseParams):
     """``mapInArrow`` body of the public-key path: fold one partition, release each group
-    (Arrow record batches out: ``GID``, quantile, value, ``MECHANISM``).
+    (Arrow record batches out, one row per group: ``GID``, ``value`` as a list of the m released
+    values in the order of the quantiles, ``MECHANISM``; one row a group rather than m keeps
+    Spark's row conversions of the output, and of its collection, m times smaller).
 
     The input is hash partitioned by key index, so every group is whole in one partition. Each
     row is one kept data row, a single ``CODE``: key index * 2**33 + grid index, or key index *
@@ -817,15 +819,15 @@ def _release_partition(batches, params: ReleaseParams, sink):
 
     released = _release_sink(sink, params, units_of, hash_of)
     m = len(params.quantiles)
-    q = np.asarray(params.quantiles, dtype=np.float64)
     for lo in range(0, len(released), _OUTPUT_GROUPS):
         part = released[lo:lo + _OUTPUT_GROUPS]
+        values = pa.array(np.concatenate([v for _, v, _ in part]), type=pa.float64())
         yield pa.RecordBatch.from_arrays(
-            [pa.array(np.repeat(np.asarray([g for g, _, _ in part], np.int64), m)),
-             pa.array(np.tile(q, len(part))),
-             pa.array(np.concatenate([v for _, v, _ in part]), type=pa.float64()),
-             pa.array([n for _, _, n in part for _ in range(m)], type=pa.string())],
-            names=[GID, "quantile", "value", MECHANISM])
+            [pa.array(np.asarray([g for g, _, _ in part], np.int64)),
+             pa.ListArray.from_arrays(pa.array(np.arange(0, m * len(part) + 1, m, dtype=np.int32)),
+                                      values),
+             pa.array([n for _, _, n in part], type=pa.string())],
+            names=[GID, "value", MECHANISM])
 
 
 def _release_buckets(counter: _Counter, params: ReleaseParams, units_of, hash_of):

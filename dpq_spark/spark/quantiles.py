@@ -442,18 +442,24 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
                                  key_hashes=tuple(hashes) if params.base_seed is not None else None)
     codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution)
     schema = T.StructType([T.StructField(GID, T.LongType(), False),
-                           T.StructField("quantile", T.DoubleType(), False),
-                           T.StructField("value", T.DoubleType(), False),
+                           T.StructField("value", T.ArrayType(T.DoubleType()), False),
                            T.StructField(MECHANISM, T.StringType(), False)])
 
-    def fn(batches):  # Arrow in and out (int64, double, double, string): no pandas conversion
+    def fn(batches):  # Arrow in and out: no pandas conversion
         yield from release_partition(batches, params)
 
-    released = to_arrow(codes.mapInArrow(fn, schema=schema))
-    gids = released.column(GID).to_numpy()
-    quantile = [released.column("quantile")]
-    value = [released.column("value")]
-    names = [released.column(MECHANISM)]
+    released = to_arrow(codes.mapInArrow(fn, schema=schema))  # one row per released group
+    m = len(params.quantiles)
+    lists = released.column("value").combine_chunks()
+    if len(lists) and not np.all(np.diff(lists.offsets.to_numpy()) == m):
+        raise RuntimeError("dp_quantiles: a group's release does not hold one value per "
+                           "quantile (a bug: please report it)")
+    per_row = np.repeat(np.arange(released.num_rows), m)
+    gids = np.repeat(released.column(GID).to_numpy(), m)
+    quantile = [pa.array(np.tile(np.asarray(params.quantiles, dtype=np.float64),
+                                 released.num_rows))]
+    value = [lists.flatten()]
+    names = [released.column(MECHANISM).take(pa.array(per_row))]
     take = [pa.array(gids, type=pa.int64())]
     present = np.zeros(key_table.num_rows, dtype=bool)
     present[gids] = True
@@ -462,7 +468,6 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         # public keys without rows, released from empty data on the driver in batches (the
         # distribution of the per-key path below; production randomness only)
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
-        m = len(params.quantiles)
         got = _release._release_batch(missing.tolist(), [0] * missing.size, [0] * missing.size,
                                       *empty, params)
         quantile.append(pa.array(np.tile(np.asarray(params.quantiles), missing.size),
