@@ -31,9 +31,11 @@ timestamps 1,000 timestamps in one 1,907 s cell of bounds [0, 2e9], and 600 in o
 The accuracy cases print percentile_approx's error on the same data too (not private; for
 scale). ``--quick`` divides the sizes by 100 (at least 1,000 rows).
 
-Each timing is the wall time of one call that returns the result on the driver
+Each timing is the wall time of a call that returns the result on the driver
 (``dp_quantiles(...).collect()`` and ``groupBy().agg(percentile_approx).collect()``) on the same
-cached DataFrame, after one warm-up call of each on that DataFrame. Timings on a loaded machine
+cached DataFrame, after one warm-up call of each on that DataFrame: ``--repeat`` calls of each
+(default 3), alternating dp_quantiles and percentile_approx, and the medians are compared (one
+call's time swings by tens of percent on a small shared machine). Timings on a loaded machine
 mean little: say so when quoting them.
 """
 
@@ -76,14 +78,25 @@ def _timed(fn):
     return time.perf_counter() - start, result
 
 
+REPEATS = 3  # timed calls of each side (--repeat), interleaved; medians are compared
+
+
 def _side_by_side(name, df, dp_call, approx_call):
-    """Warm both up on ``df``, then time one call of each; print the pair and the ratio."""
+    """Warm both up on ``df``, then time ``REPEATS`` calls of each, alternating; print the
+    medians, their ratio and difference, and with several calls the range of each side."""
     dp_call(df)
     approx_call(df)
-    t_dp, out = _timed(lambda: dp_call(df))
-    t_ap, _ = _timed(lambda: approx_call(df))
+    dps, aps = [], []
+    for _ in range(REPEATS):
+        t_dp, out = _timed(lambda: dp_call(df))
+        t_ap, _ = _timed(lambda: approx_call(df))
+        dps.append(t_dp)
+        aps.append(t_ap)
+    t_dp, t_ap = float(np.median(dps)), float(np.median(aps))
+    spread = (f"   (of {REPEATS}: {min(dps):.2f}-{max(dps):.2f} s, {min(aps):.2f}-{max(aps):.2f} s)"
+              if REPEATS > 1 else "")
     print(f"{name:<11} dp_quantiles {t_dp:8.2f} s   percentile_approx {t_ap:8.2f} s   "
-          f"ratio {t_dp / t_ap:5.2f}   difference {t_dp - t_ap:+6.2f} s", flush=True)
+          f"ratio {t_dp / t_ap:5.2f}   difference {t_dp - t_ap:+6.2f} s{spread}", flush=True)
     return out
 
 
@@ -294,11 +307,18 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument("--quick", action="store_true", help="sizes / 100 (a smoke run)")
+    parser.add_argument("--repeat", type=int, default=REPEATS,
+                        help="timed calls of each side, alternating (medians compared; "
+                             f"default {REPEATS})")
     parser.add_argument("--connect", action="store_true", help="Spark Connect (local server)")
     parser.add_argument("--driver-memory", default=None,
                         help="spark.driver.memory of the local session, e.g. 4g (default: "
                              "Spark's, 1g)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    global REPEATS
+    REPEATS = args.repeat
     chosen = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = set(chosen) - set(CASES)
     if unknown:
