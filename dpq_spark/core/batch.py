@@ -101,7 +101,7 @@ from dpq_spark.core.joint_exp_many import _sample_many as _joint_many
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
 from dpq_spark.core.single_quantile import GridCells
 
-__all__ = ["release_many", "BatchRelease", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
+__all__ = ["release_many", "BatchRelease", "FlatGroups", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
 
 #: The mechanisms :func:`release_many` runs (``"auto"`` picks among the others).
 BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram")
@@ -111,6 +111,17 @@ _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", "histogram")  # coarse_cel
 ENUMERATE_MAX = 4096
 _SMALL_POINTS = 64  # IndExp / ApproxQuantiles groups with at most this many rows draw together
 _CHUNK_NODES = 1 << 21  # AggTree: about this many node counts per chunk of groups (16 MiB each)
+
+
+class FlatGroups(NamedTuple):
+    """Many groups in three arrays, as a fold holds them: group ``g`` is ``values[bounds[g]:
+    bounds[g + 1]]`` with ``counts`` over the same slice (``None``: one each). ``bounds`` starts
+    at 0, never decreases and ends at ``len(values)``. :func:`release_many` checks it with array
+    operations only, where a sequence of pairs costs a Python step per group."""
+
+    values: np.ndarray
+    counts: np.ndarray | None
+    bounds: np.ndarray
 
 
 class BatchRelease(NamedTuple):
@@ -135,11 +146,12 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
 
     Parameters
     ----------
-    groups : sequence of (values, counts) pairs
+    groups : sequence of (values, counts) pairs, or FlatGroups
         One pair per group: ``values`` a 1-d array of floats (grid indices or cell midpoints
         as floats are fine), ``counts`` their non-negative integer multiplicities (same length)
         or None (one each). A group may be empty. Values are clamped to ``[lower, upper]``; NaN
-        is an error.
+        is an error. :class:`FlatGroups` holds the same in three arrays (no Python step per
+        group).
     quantiles : array_like of float
         Strictly increasing, each in (0, 1); the same m for every group.
     epsilon : float
@@ -273,6 +285,16 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
 
 def _check_groups(groups):
     """All groups' values and counts concatenated, and the group boundaries (checked once)."""
+    if isinstance(groups, FlatGroups):
+        x = check_values(groups.values, "groups")
+        counts = (np.ones(x.size, dtype=np.int64) if groups.counts is None
+                  else check_counts(groups.counts, x.size, "groups' counts"))
+        bounds = np.asarray(groups.bounds)
+        if (bounds.ndim != 1 or bounds.size == 0 or bounds.dtype.kind not in "iu"
+                or bounds[0] != 0 or bounds[-1] != x.size or np.any(np.diff(bounds) < 0)):
+            raise DPQValueError("`groups` bounds must be nondecreasing integers from 0 to the "
+                                "number of values")
+        return x, counts, bounds.astype(np.int64)
     if isinstance(groups, (str, bytes)) or not hasattr(groups, "__len__"):
         raise TypeError("`groups` must be a sequence of (values, counts) pairs")
     xs, cs, sizes = [], [], []

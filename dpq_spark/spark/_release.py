@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from dpq_spark.core._random import resolve_rng
-from dpq_spark.core.batch import BATCH_MECHANISMS, release_many
+from dpq_spark.core.batch import BATCH_MECHANISMS, FlatGroups, release_many
 from dpq_spark.core._samplers import discrete_laplace
 from dpq_spark.core.choose import plan_auto
 from dpq_spark.core.coarse_bands import (
@@ -699,13 +699,19 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
     cells), at a per-group cost of tens of microseconds instead of milliseconds."""
     out = []
     q = np.asarray(params.quantiles, dtype=np.float64)
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if not np.array_equal(starts[1:], ends[:-1]):
+        raise RuntimeError("dp_quantiles: the fold's groups are not contiguous (a bug: please "
+                           "report it)")
     for lo in range(0, len(gids), _BATCH_GROUPS):
-        chunk = range(lo, min(lo + _BATCH_GROUPS, len(gids)))
-        groups = [(index[starts[i]:ends[i]], counts[starts[i]:ends[i]]) for i in chunk]
+        hi = min(lo + _BATCH_GROUPS, len(gids))
+        # the fold's groups are contiguous and in order: one slice of its arrays
+        a, b = int(starts[lo]), int(ends[hi - 1])
+        groups = FlatGroups(index[a:b], counts[a:b], np.append(starts[lo:hi], b) - a)
         got = release_many(groups, q, epsilon=params.epsilon, lower=params.lower,
                            upper=params.upper, neighboring=params.neighboring,
                            mechanism=params.mechanism, grid_indices=True, coarse_cells=True)
-        out += [(gids[i], got.values[j], got.mechanisms[j]) for j, i in enumerate(chunk)]
+        out += zip(gids[lo:hi], got.values, got.mechanisms)
     return out
 
 

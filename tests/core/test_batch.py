@@ -21,7 +21,7 @@ from dpq_spark.core._dlap_table import DLapTable, _floor_scaled
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core._samplers import dlap_scale
 from dpq_spark.core.agg_tree import _descend, honaker_aggregate
-from dpq_spark.core.batch import BATCH_MECHANISMS, _post_process, release_many
+from dpq_spark.core.batch import BATCH_MECHANISMS, FlatGroups, _post_process, release_many
 from dpq_spark.core.choose import choose_mechanism
 from dpq_spark.core.grid import Grid
 from dpq_spark.core.joint_exp import _sample_indices as joint_sample
@@ -623,3 +623,37 @@ def test_larger_groups_and_values_off_the_bounds_reproduce_the_core(mechanism, f
         got = release_many([(x, c)], q, epsilon=1.0, lower=LOWER, upper=UPPER, mechanism=mechanism,
                            rng=np.random.default_rng(seed)).values[0]
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("mechanism", ["auto", "joint_exp", "ind_exp", "approx_quantiles",
+                                       "agg_tree", "histogram"])
+def test_flat_groups_are_the_same_groups_as_pairs(mechanism):
+    """FlatGroups (three arrays, as the Spark fold holds them) give the release of the same
+    groups as pairs, seed for seed, empty groups and counts included; a shifted boundary (one
+    row moved to the next group) changes it."""
+    rng = np.random.default_rng(8)
+    sizes = [0, 3, 1, 40, 0, 120, 7]
+    idx = [np.sort(rng.integers(0, GRID.steps + 1, k)) for k in sizes]
+    counts = [rng.integers(1, 4, k) for k in sizes]
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    kw = dict(epsilon=1.0, lower=LOWER, upper=UPPER, mechanism=mechanism, grid_indices=True,
+              coarse_cells=True)
+    pairs = release_many(list(zip(idx, counts)), Q3, rng=np.random.default_rng(5), **kw)
+    flat = release_many(FlatGroups(np.concatenate(idx), np.concatenate(counts), bounds), Q3,
+                        rng=np.random.default_rng(5), **kw)
+    assert np.array_equal(pairs.values, flat.values) and pairs.mechanisms == flat.mechanisms
+    moved = bounds.copy()
+    moved[4] -= 1  # the last row of group 3 joins group 4
+    shifted = release_many(FlatGroups(np.concatenate(idx), np.concatenate(counts), moved), Q3,
+                           rng=np.random.default_rng(5), epsilon=1e6, lower=LOWER, upper=UPPER,
+                           mechanism="joint_exp", grid_indices=True)
+    exact = release_many(list(zip(idx, counts)), Q3, rng=np.random.default_rng(5), epsilon=1e6,
+                         lower=LOWER, upper=UPPER, mechanism="joint_exp", grid_indices=True)
+    assert not np.array_equal(shifted.values, exact.values)
+
+
+@pytest.mark.parametrize("bounds", [[1, 2], [0, 3, 2], [0, 1], [[0, 2]], [0.0, 2.0], []])
+def test_flat_groups_bounds_are_checked(bounds):
+    with pytest.raises(ValueError, match="`groups` bounds must be nondecreasing integers"):
+        release_many(FlatGroups(np.array([1.0, 2.0]), None, np.array(bounds)), Q3, epsilon=1.0,
+                     lower=LOWER, upper=UPPER)

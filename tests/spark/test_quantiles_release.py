@@ -296,7 +296,7 @@ def test_unseeded_empty_public_keys_are_released_in_one_batch(spark, monkeypatch
     calls = []
     real = _release.release_many
     monkeypatch.setattr(_release, "release_many",
-                        lambda *a, **kw: calls.append(len(a[0])) or real(*a, **kw))
+                        lambda *a, **kw: calls.append(len(a[0].bounds) - 1) or real(*a, **kw))
     df = spark.createDataFrame(pd.DataFrame({"g": [0] * 50, "x": np.linspace(0.1, 0.9, 50)}))
     keys = list(range(40))
     out = dp_quantiles(df, "x", quantiles=[0.25, 0.75], epsilon=1.0, lower=0.0, upper=1.0,
