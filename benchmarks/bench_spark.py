@@ -304,6 +304,7 @@ CASES = ("accuracy", "small", "groups", "global", "skew", "keys", "timestamps")
 
 
 def main(argv=None) -> None:
+    global REPEATS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument("--quick", action="store_true", help="sizes / 100 (a smoke run)")
@@ -317,7 +318,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    global REPEATS
     REPEATS = args.repeat
     chosen = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = set(chosen) - set(CASES)
