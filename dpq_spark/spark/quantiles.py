@@ -384,6 +384,12 @@ def _literal_keys(req: QuantileRequest, key_table: pa.Table) -> bool:
     return plain and key_table.column(req.keys[0]).null_count == 0
 
 
+_POSITION = "__dpq_position"  # a value's place in its group's array (long layout)
+#: A long release of more rows than this is built as Spark's explode of its wide form (reading
+#: it runs one local job); a smaller one is local rows, read with no job at all.
+_EXPLODE_ROWS = 1 << 16
+
+
 def _key_fields(req: QuantileRequest) -> list[T.StructField]:
     """The output's key columns: the ``group_by`` columns' types, nullable."""
     return [T.StructField(k, req.df.schema[k].dataType, True) for k in req.keys]
@@ -594,16 +600,39 @@ def _cell_counts(frame: DataFrame):
     return cells[order], counts[order]
 
 
+def _long_from_wide(req: QuantileRequest, ordered) -> DataFrame:
+    """The long layout as Spark's explode of the wide local relation ``ordered`` (sorted by key):
+    m rows per group, in the order of ``quantiles``, so the rows come sorted by key then
+    quantile. The released numbers are the local data's, and the explode is a deterministic
+    projection of them (reading it again releases nothing new); the local relation holds one
+    row per group instead of m, which is what building and shipping it costs (1e5 keys of
+    deciles, 9e5 rows: 2.7 s for the whole release against 4.9 s with a 9e5-row relation, and
+    0.6-1.2 s against 3.2-3.9 s to read it by ``toPandas()``)."""
+    spark = req.df.sparkSession
+    wide = create_dataframe(spark, ordered, _wide_schema(req))
+    at = F.col(_POSITION)
+    quantile = F.lit(float(req.quantiles[-1]))
+    for j in range(len(req.quantiles) - 2, -1, -1):  # literals only: never null
+        quantile = F.when(at == j, F.lit(float(req.quantiles[j]))).otherwise(quantile)
+    exploded = wide.select(*[F.col(k) for k in req.keys],
+                           F.posexplode("value").alias(_POSITION, "value"), F.col(MECHANISM))
+    return exploded.select(*[F.col(k) for k in req.keys], quantile.alias("quantile"),
+                           F.col("value"), F.col(MECHANISM)).to(_output_schema(req))
+
+
 def _materialise(req: QuantileRequest, table) -> DataFrame:
     """Return a DataFrame over the released rows, sorted on the driver by key (then quantile).
 
     The order is Spark's ``orderBy(asc_nulls_first(key)..., "quantile")``; the result is a
-    local relation with no ``orderBy``, so reading it runs no sort job. Only for key types that
-    :func:`dpq_spark.spark._keys.spark_order` does not order (nested types, strings with a
-    collation other than ``UTF8_BINARY``) does Spark sort.
+    local relation with no ``orderBy``, so reading it runs no sort job (and no job at all, but
+    for a long release of more than ``_EXPLODE_ROWS`` rows: :func:`_long_from_wide`). Only for
+    key types that :func:`dpq_spark.spark._keys.spark_order` does not order (nested types,
+    strings with a collation other than ``UTF8_BINARY``) does Spark sort.
     """
     spark = req.df.sparkSession
     collated = any(is_collated(req.df.schema[k].dataType) for k in req.keys)
+    if req.layout == "long" and req.keys and not collated and table.num_rows > _EXPLODE_ROWS:
+        return _long_from_wide(req, spark_order(_wide(req, table), req.keys, ()))
     if req.layout == "wide":
         table, schema, then = _wide(req, table), _wide_schema(req), ()
     else:

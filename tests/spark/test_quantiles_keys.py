@@ -551,6 +551,32 @@ def test_wide_layout_is_the_long_release_one_row_per_group(spark, kw):
         assert {row["mechanism"]} == {r["mechanism"] for r in block}
 
 
+@pytest.mark.parametrize("kw", [dict(groups=[None, NAN, -0.0, 1.5, 7.0]), dict(delta=1e-6)])
+def test_large_long_release_is_the_wide_one_exploded(spark, monkeypatch, kw):
+    """Past _EXPLODE_ROWS the long layout is Spark's explode of the wide local relation: the
+    same rows (keys, quantiles, values, mechanisms, order) and schema as the local long rows of
+    the same seeded release, and reading it twice gives the same rows."""
+    from dpq_spark.spark import quantiles as qmod
+
+    groups = {"null": (None,), "nan": (NAN,), "zero": (-0.0,), "x": (1.5,)}
+    df, _ = _frame(spark, groups, "g double, x double", rows_per_group=51)
+    q = [0.1, 0.5, 0.9]
+
+    def release():
+        return dp_quantiles(df, "x", quantiles=q, epsilon=1.0, rng=np.random.default_rng(12),
+                            lower=0.0, upper=1000.0, group_by="g", **kw)
+
+    local = release()
+    monkeypatch.setattr(qmod, "_EXPLODE_ROWS", 0)
+    exploded = release()
+    assert exploded.schema == local.schema
+    want = _rows(local.collect())
+    assert _rows(exploded.collect()) == want == _rows(exploded.collect())
+    assert len(want) >= 3 * len(q)
+    # power: the explode must pair each value with its own quantile
+    assert [r["quantile"] for r in exploded.collect()] == q * (len(want) // len(q))
+
+
 def test_wide_layout_refuses_a_release_not_in_blocks():
     """The reshape checks that every group's quantiles come together and in order."""
     from dpq_spark.spark.quantiles import _wide
