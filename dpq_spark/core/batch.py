@@ -97,6 +97,7 @@ from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mech
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.grid import Grid, draw_index, draw_index_rows, uniform_multiset, uniform_multisets
 from dpq_spark.core.joint_exp import _grid_cells
+from dpq_spark.core.joint_exp_many import CELLS_HELD
 from dpq_spark.core.joint_exp_many import _sample_many as _joint_many
 from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
 from dpq_spark.core.single_quantile import GridCells
@@ -398,15 +399,19 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
         done, draws = _enumerate_cells(pts, mul, d, q, c, size, source)
         slow = np.sort(np.concatenate([slow, pick[~done]]))
         out[pick[done]] = draws
-    many, cells_list = [], []
+    many, cells_list, held = [], [], 0
     for g in slow.tolist():
         lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
         cells = _grid_cells(k[lo:hi], counts[lo:hi], size)
         if math.comb(cells[1].size + m - 1, m) <= ENUMERATE_MAX:
             out[g] = _enumerate_one(cells, q, c, source)
-        else:
-            many.append(g)
-            cells_list.append(cells)
+            continue
+        many.append(g)
+        cells_list.append(cells)
+        held += cells[1].size
+        if held >= CELLS_HELD:  # sample these before building more (groups are independent)
+            out[many] = _joint_many(cells_list, q, c, size, source)
+            many, cells_list, held = [], [], 0
     if many:
         out[many] = _joint_many(cells_list, q, c, size, source)
     return out

@@ -403,6 +403,10 @@ def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
 #: each across the tables
 _BATCH_CELLS = 1 << 20
 
+#: cells (of :func:`~dpq_spark.core.joint_exp._grid_cells`, four 8-byte arrays each) that a
+#: caller builds for many groups before sampling them and building the next ones
+CELLS_HELD = 1 << 21
+
 
 def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarray:
     """:func:`_sample_many` for one batch of groups, their bands ``lo``/``hi`` computed."""

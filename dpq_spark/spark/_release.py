@@ -35,7 +35,7 @@ from dpq_spark.core.coarse_bands import (
 from dpq_spark.core.grid import Grid
 from dpq_spark.core.ind_exp import ind_exp_indices
 from dpq_spark.core.joint_exp import _grid_cells, joint_exp_indices
-from dpq_spark.core.joint_exp_many import _sample_many
+from dpq_spark.core.joint_exp_many import CELLS_HELD, _sample_many
 from dpq_spark.core.privacy import (
     NeighboringRelation,
     joint_exp_sensitivity,
@@ -679,9 +679,17 @@ def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
     q = np.asarray(params.quantiles, dtype=np.float64)
     relation = NeighboringRelation.parse(params.neighboring)
     c = epsilon / (2.0 * joint_exp_sensitivity(q, relation))
-    cells = [_grid_cells(np.asarray(k, dtype=np.int64), np.asarray(w, dtype=np.int64), grid.size)
-             for k, w in groups]
-    return grid.value(_sample_many(cells, q, c, grid.size, resolve_rng(None)))
+    source = resolve_rng(None)
+    out = np.empty((len(groups), q.size), dtype=np.int64)
+    cells, first, held = [], 0, 0
+    for g, (k, w) in enumerate(groups):  # at most about CELLS_HELD cells built at a time
+        cells.append(_grid_cells(np.asarray(k, dtype=np.int64), np.asarray(w, dtype=np.int64),
+                                 grid.size))
+        held += cells[-1][1].size
+        if held >= CELLS_HELD or g == len(groups) - 1:
+            out[first:g + 1] = _sample_many(cells, q, c, grid.size, source)
+            cells, first, held = [], g + 1, 0
+    return grid.value(out)
 
 
 def _batchable(params: ReleaseParams) -> bool:

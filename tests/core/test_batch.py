@@ -657,3 +657,34 @@ def test_flat_groups_bounds_are_checked(bounds):
     with pytest.raises(ValueError, match="`groups` bounds must be nondecreasing integers"):
         release_many(FlatGroups(np.array([1.0, 2.0]), None, np.array(bounds)), Q3, epsilon=1.0,
                      lower=LOWER, upper=UPPER)
+
+
+def test_joint_exp_groups_beyond_enumeration_sampled_a_few_at_a_time(monkeypatch):
+    """With CELLS_HELD lowered, release_many builds and samples the JointExp groups beyond
+    enumeration a few at a time; at a huge epsilon every output falls in its own group's data
+    at the rank that fits, as in one call (a mix-up of groups would not)."""
+    import dpq_spark.core.batch as batch
+
+    rng = np.random.default_rng(9)
+    idx = [np.sort(rng.choice(GRID.steps + 1, size, replace=False)) for size in (40, 88, 200, 60, 148)]  # q n integers: one rank fits
+    calls = []
+    real = batch._joint_many
+    monkeypatch.setattr(batch, "_joint_many", lambda cells, *a, **kw: calls.append(len(cells)) or real(cells, *a, **kw))
+
+    def run():
+        calls.clear()
+        return release_many([(k, None) for k in idx], Q3, epsilon=1e9, lower=LOWER, upper=UPPER,
+                            mechanism="joint_exp", grid_indices=True).values
+
+    whole = run()
+    assert calls == [len(idx)]
+    monkeypatch.setattr(batch, "CELLS_HELD", 300)
+    parts = run()
+    assert len(calls) > 1 and sum(calls) == len(idx)
+    for g, k in enumerate(idx):
+        rep = GRID.value(k)
+        assert np.array_equal(np.searchsorted(rep, whole[g], side="right"),
+                              np.searchsorted(rep, parts[g], side="right")), g
+    other = GRID.value(idx[1])  # power: another group's points put the ranks elsewhere
+    assert not np.array_equal(np.searchsorted(other, whole[0], side="right"),
+                              np.searchsorted(other, parts[1], side="right"))
