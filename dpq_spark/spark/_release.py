@@ -750,8 +750,9 @@ def pack_partition(batches, span: int):
     are sorted and cut into rows of one group each, ``GID`` and at most ``_PACK_WIDTH`` codes
     as the bytes of int64s in ``CODES``; when the sorted codes have many ties they go as
     distinct codes with their counts (``COUNTS``, else empty bytes: one row each). The multiset
-    of codes of every group is unchanged, so the release is too; the shuffle then moves a few
-    thousand rows of bytes instead of one row per data row, which is most of its cost. Memory:
+    of codes of every group is unchanged, so the release is too; the shuffle then moves rows of
+    bytes, about 1/230 as many as data rows (4.3e4 for 1e7 rows in 1,000 groups), where its
+    cost per row was most of its cost. Memory:
     the buffered codes and their sorted copy (tens of MiB), whatever the partition's size.
     Reads no randomness and releases nothing (the codes only change place).
     """
