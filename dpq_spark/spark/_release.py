@@ -315,12 +315,7 @@ class _Counter:
             parts.append(_count_runs(codes))
             del codes
         if weighted:
-            codes = np.concatenate([c for c, _ in weighted])
-            counts = np.concatenate([w for _, w in weighted])
-            del weighted
-            order = np.argsort(codes)
-            parts.append(_reduce_sorted(codes[order], counts[order]))
-            del codes, counts, order
+            parts.append(_sum_weighted(weighted))
         if len(parts) == 1:
             self.codes, self.counts = parts[0]
         else:
@@ -331,6 +326,17 @@ class _Counter:
             del parts, order
             self.codes, self.counts = _reduce_sorted(codes, counts)
         self._few_ties = int(self.counts.sum()) <= 2 * self.codes.size
+
+
+def _sum_weighted(weighted):
+    """``(distinct codes, summed counts)`` of buffered ``(codes, counts)`` chunks (an unstable
+    argsort: equal codes are summed, so their order does not matter). Empties ``weighted``,
+    so that the chunks are freed before the sort."""
+    codes = np.concatenate([c for c, _ in weighted])
+    counts = np.concatenate([w for _, w in weighted])
+    weighted.clear()
+    order = np.argsort(codes)
+    return _reduce_sorted(codes[order], counts[order])
 
 
 def _count_runs(codes):
@@ -439,11 +445,7 @@ class Fold:
             else:
                 self._write(codes, counts)
         if weighted:
-            codes = np.concatenate([c for c, _ in weighted])
-            counts = np.concatenate([w for _, w in weighted])
-            del weighted
-            order = np.argsort(codes)
-            self._write(*_reduce_sorted(codes[order], counts[order]))
+            self._write(*_sum_weighted(weighted))
 
     def _write(self, codes, counts) -> None:
         """Append one chunk: header (size, has counts), the codes, then the counts if any."""
@@ -777,8 +779,8 @@ def _packed(buffered, span: int) -> pa.RecordBatch:
         codes, counts = raw, None
     del raw
     gid = codes // span
-    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
-    ends = np.r_[starts[1:], codes.size]
+    starts = _run_starts(gid)
+    ends = np.append(starts[1:], codes.size)
     pieces = -(-(ends - starts) // _PACK_WIDTH)
     piece = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     first = np.repeat(starts, pieces) + _PACK_WIDTH * piece
