@@ -459,7 +459,8 @@ def _distinct_rows(k, counts, bounds, members, D):
     of at most ``D`` rows, as padded rows.
 
     Returns ``(pick, pts, mul, d, rest)``: the positions in ``members`` of those groups, their
-    points and multiplicities (shape ``(len(pick), D)``, zero-padded), their numbers of points,
+    points and multiplicities (shape ``(len(pick), w)``, zero-padded, ``w`` the most points of
+    any of them, at most ``D``), their numbers of points,
     and the positions of the other groups (more than ``D`` rows: the callers' per-group path,
     which samples the same distribution).
     """
@@ -477,8 +478,11 @@ def _distinct_rows(k, counts, bounds, members, D):
     mult = np.add.reduceat(cc, first) if first.size else np.zeros(0, dtype=np.int64)
     d = np.bincount(dg, minlength=pick.size)
     col = np.arange(dg.size) - (np.cumsum(d) - d)[dg]
-    pts = np.zeros((pick.size, D), dtype=np.int64)
-    mul = np.zeros((pick.size, D), dtype=np.int64)
+    # Rows as wide as the most points any of these groups has, not D: a padding slot is a cell
+    # of width 0 (weight 0, never drawn, no units of the envelope), so the draws are the same.
+    width = max(1, int(d.max(initial=0)))
+    pts = np.zeros((pick.size, width), dtype=np.int64)
+    mul = np.zeros((pick.size, width), dtype=np.int64)
     pts[dg, col] = distinct
     mul[dg, col] = mult
     return pick, pts, mul, d, rest
@@ -721,9 +725,13 @@ def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndar
     going = np.ones((G, m), dtype=bool)
     rows = np.arange(G)[:, None]
     for level in range(1, height + 1):
-        kids = node[..., None] * b + np.arange(b)  # (G, m, b) node indices
-        kids_low = low[level][rows[..., None], kids]
-        kids_noisy = noisy[level][rows[..., None], kids].astype(np.float64)
+        if level == 1:  # every path is at the root: its children are the same for all m
+            kids_low = low[1][:, None, :]  # (G, 1, b), broadcast against (G, m) below
+            kids_noisy = np.asarray(noisy[1], dtype=np.float64)[:, None, :]
+        else:
+            kids = node[..., None] * b + np.arange(b)  # (G, m, b) node indices
+            kids_low = low[level][rows[..., None], kids]
+            kids_noisy = noisy[level][rows[..., None], kids].astype(np.float64)
         if np.isinf(var_high):
             kids_high, final, var_high = kids_noisy, kids_low, variance
         else:

@@ -688,3 +688,37 @@ def test_joint_exp_groups_beyond_enumeration_sampled_a_few_at_a_time(monkeypatch
     other = GRID.value(idx[1])  # power: another group's points put the ranks elsewhere
     assert not np.array_equal(np.searchsorted(other, whole[0], side="right"),
                               np.searchsorted(other, parts[1], side="right"))
+
+
+@pytest.mark.parametrize("mechanism", ["joint_exp", "ind_exp", "approx_quantiles"])
+def test_small_groups_padded_to_their_widest_draw_as_padded_to_the_limit(monkeypatch, mechanism):
+    """Small groups are drawn together on rows as wide as the most points any of them has (a
+    private, data-dependent width: it may show in time only). Rows padded to the fixed limit
+    instead give the same release seed for seed: padding slots carry no weight and no draw.
+    A row one slot too narrow (a group's last point lost) changes the release."""
+    import dpq_spark.core.batch as batch
+
+    rng = np.random.default_rng(12)
+    sizes = [0, 1, 2, 5, 3, 2, 1, 4]
+    groups = [(np.sort(rng.integers(0, GRID.steps + 1, k)), rng.integers(1, 3, k)) for k in sizes]
+    kw = dict(epsilon=1.0, lower=LOWER, upper=UPPER, mechanism=mechanism, grid_indices=True)
+    real = batch._distinct_rows
+
+    def padded_to(extra):
+        def rows(k, counts, bounds, members, D):
+            pick, pts, mul, d, rest = real(k, counts, bounds, members, D)
+            if extra >= 0:
+                pts, mul = (np.pad(a, ((0, 0), (0, extra))) for a in (pts, mul))
+            else:
+                w = pts.shape[1] + extra
+                pts, mul, d = pts[:, :w], mul[:, :w], np.minimum(d, w)
+            return pick, pts, mul, d, rest
+        return rows
+
+    narrow = release_many(groups, Q3, rng=np.random.default_rng(4), **kw).values
+    monkeypatch.setattr(batch, "_distinct_rows", padded_to(64))
+    wide = release_many(groups, Q3, rng=np.random.default_rng(4), **kw).values
+    assert np.array_equal(narrow, wide)
+    monkeypatch.setattr(batch, "_distinct_rows", padded_to(-1))
+    assert not np.array_equal(narrow, release_many(groups, Q3, rng=np.random.default_rng(4),
+                                                   **kw).values)
