@@ -187,14 +187,15 @@ if hasattr(os, "register_at_fork"):
 
 
 def _bit_length(v: np.ndarray) -> np.ndarray:
-    """Exact bit length of each ``uint64`` in ``v`` (0 for 0), by binary search on shifts."""
-    v = v.astype(np.uint64, copy=True)
-    width = np.zeros(v.size, dtype=np.int64)
-    for shift in (32, 16, 8, 4, 2, 1):
-        big = (v >> np.uint64(shift)) > 0
-        width += shift * big
-        v = np.where(big, v >> np.uint64(shift), v)
-    return width + (v > 0)
+    """Exact bit length of each ``uint64`` in ``v`` (0 for 0).
+
+    ``float(v)`` lies in ``[2**(L-1), 2**L]`` for the bit length ``L`` (rounding may reach the
+    power above), so frexp's exponent is ``L`` or ``L + 1``; a shift tells which, exactly.
+    """
+    v = np.asarray(v, dtype=np.uint64)
+    e = np.minimum(np.frexp(v.astype(np.float64))[1], 64).astype(np.uint64)
+    over = (v >> np.maximum(e, np.uint64(1)) - np.uint64(1)) == 0
+    return (e - (over & (e > 0))).astype(np.int64)
 
 
 def _os_source() -> RandomSource:

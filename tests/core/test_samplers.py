@@ -309,3 +309,16 @@ def test_draw_index_short_list_path_makes_the_general_paths_draws():
             finally:
                 grid._SMALL = 64
         assert draws[0] == draws[1], case
+
+
+def test_bit_length_is_exact_at_every_power_of_two():
+    """below_array's bit widths: Python's int.bit_length at 0, at 2**k - 1, 2**k, 2**k + 1 for
+    every k (where float64 rounding crosses a power), at the top of uint64, and at random."""
+    from dpq_spark.core._random import _bit_length
+
+    edges = [0, 2**64 - 1, 2**64 - 2**10, 2**64 - 2**11 - 1]
+    edges += [v for k in range(64) for v in (2**k - 1, 2**k, 2**k + 1) if v < 2**64]
+    rng = np.random.default_rng(0)
+    spread = rng.integers(0, 2**63, 10_000, dtype=np.uint64) >> rng.integers(0, 63, 10_000).astype(np.uint64)
+    v = np.concatenate((np.array(edges, dtype=np.uint64), spread))
+    assert _bit_length(v).tolist() == [int(x).bit_length() for x in v.tolist()]
