@@ -22,8 +22,10 @@ skew       one group of 5e7 rows beside 1,000 groups of 1,000 rows: completes wi
            largest is printed, with the driver's own peak
 keys       1e5 public keys, 2 rows each, deciles [<= 3x percentile_approx]; timed with
            collect() and, as "keys/pd", with toPandas() (the default long release has 9e5 rows,
-           one per key and decile, against percentile_approx's 1e5 rows of arrays), and as
-           "keys/wide" and "keys/wide/pd" with layout="wide" (1e5 rows of arrays)
+           one per key and decile, against percentile_approx's 1e5 rows of arrays); as
+           "keys/long" and "keys/long/pd" the same against percentile_approx exploded to the
+           same 9e5 rows (posexplode); and as "keys/wide" and "keys/wide/pd" with
+           layout="wide" (1e5 rows of arrays, percentile_approx's own shape)
 timestamps 1,000 timestamps in one 1,907 s cell of bounds [0, 2e9], and 600 in one cell + 400
            over +-1 day: error of dp_quantiles and of core ``joint_exp`` on the raw values
            [within 2x]
@@ -100,10 +102,15 @@ def _side_by_side(name, df, dp_call, approx_call):
     return out
 
 
-def _approx(F, quantiles, keys=(), fetch="collect"):
+def _approx(F, quantiles, keys=(), fetch="collect", long=False):
+    """percentile_approx's call; ``long=True``: exploded to one row per key and quantile (the
+    shape of dp_quantiles' default long layout)."""
     def call(df):
         agg = F.percentile_approx("x", quantiles).alias("p")
-        return getattr(df.groupBy(*keys).agg(agg) if keys else df.agg(agg), fetch)()
+        out = df.groupBy(*keys).agg(agg) if keys else df.agg(agg)
+        if long:
+            out = out.select(*keys, F.posexplode("p").alias("i", "value"))
+        return getattr(out, fetch)()
     return call
 
 
@@ -265,6 +272,11 @@ def case_keys(spark, F, dp_quantiles, size):
     _side_by_side("keys", df, lambda d: release(d).collect(), _approx(F, DECILES, ["g"]))
     _side_by_side("keys/pd", df, lambda d: release(d).toPandas(),
                   _approx(F, DECILES, ["g"], fetch="toPandas"))
+    # The same two long releases against percentile_approx exploded to the same 9e5 rows.
+    _side_by_side("keys/long", df, lambda d: release(d).collect(),
+                  _approx(F, DECILES, ["g"], long=True))
+    _side_by_side("keys/long/pd", df, lambda d: release(d).toPandas(),
+                  _approx(F, DECILES, ["g"], fetch="toPandas", long=True))
     _side_by_side("keys/wide", df, lambda d: release(d, "wide").collect(),
                   _approx(F, DECILES, ["g"]))
     _side_by_side("keys/wide/pd", df, lambda d: release(d, "wide").toPandas(),

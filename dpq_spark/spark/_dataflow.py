@@ -48,6 +48,7 @@ _CODE_SCHEMA = T.StructType([T.StructField(CODE, T.LongType(), True)])
 PACKED_SCHEMA = T.StructType([T.StructField(GID, T.LongType(), False),
                               T.StructField(CODES, T.BinaryType(), False),
                               T.StructField(COUNTS, T.BinaryType(), False)])
+_KEY = "__dpq_key"
 _RAND = "__dpq_rand"
 _KEPT = "__dpq_kept"
 _COARSE = "__dpq_coarse"
@@ -227,7 +228,8 @@ def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower, upper,
     return rows.select(*cols).repartition(*keys)
 
 
-def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
+def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
+                      lookup: tuple | None = None) -> DataFrame:
     """Grouped path with public keys: the kept rows' codes, packed and partitioned by group.
 
     Spark computes one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k the grid index; the
@@ -242,9 +244,24 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int) -> DataFra
 
     Both frames carry their schema (``DataFrame.to``), so that a Spark Connect client need not
     ask the server for it: ``mapInArrow`` reads its input's columns, which would otherwise cost
-    an analysis round trip of the whole plan."""
+    an analysis round trip of the whole plan.
+
+    ``lookup`` = ``(key, data_type, keys)``: ``rows`` have no ``GID`` yet; Spark passes the key
+    column and the grid index, and the packing maps each key to its place in ``keys`` (a
+    ``pyarrow.Array`` of distinct plain keys, no null), dropping unlisted keys
+    (:func:`~dpq_spark.spark._release.pack_partition`); ``data_type`` is the key column's Spark
+    type (given, not read from ``rows``, which on Connect would cost a round trip)."""
     span = CODE_SPAN if lower is not None else resolution
-    code = F.col(GID).cast("long") * F.lit(span).cast("long") + value_cell(lower, upper, resolution)
-    codes = rows.select(code.alias(CODE)).to(_CODE_SCHEMA)
-    packed = codes.mapInArrow(functools.partial(pack_partition, span=int(span)), PACKED_SCHEMA)
+    cell = value_cell(lower, upper, resolution)
+    if lookup is None:
+        code = F.col(GID).cast("long") * F.lit(span).cast("long") + cell
+        codes = rows.select(code.alias(CODE)).to(_CODE_SCHEMA)
+        pack = functools.partial(pack_partition, span=int(span))
+    else:
+        key, data_type, keys = lookup
+        schema = T.StructType([T.StructField(_KEY, data_type, True),
+                               T.StructField(CELL, T.LongType(), True)])
+        codes = rows.select(F.col(key).alias(_KEY), cell.cast("long").alias(CELL)).to(schema)
+        pack = functools.partial(pack_partition, span=int(span), keys=keys)
+    packed = codes.mapInArrow(pack, PACKED_SCHEMA)
     return packed.repartition(F.col(GID)).to(PACKED_SCHEMA)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dpq_spark.core._random import resolve_rng
 from dpq_spark.core.batch import BATCH_MECHANISMS, FlatGroups, release_many
@@ -745,7 +746,7 @@ def _release_sink(sink, params: ReleaseParams, units_of, hash_of):
     return _release_buckets(sink, params, units_of, hash_of)
 
 
-def pack_partition(batches, span: int):
+def pack_partition(batches, span: int, keys: pa.Array | None = None):
     """``mapInArrow`` body before the public-key shuffle: the same codes, sorted and packed.
 
     Each input row is one ``CODE`` (``gid * span + index``). Up to ``_PACK_ROWS`` codes at a time
@@ -757,18 +758,39 @@ def pack_partition(batches, span: int):
     cost per row was most of its cost. Memory:
     the buffered codes and their sorted copy (tens of MiB), whatever the partition's size.
     Reads no randomness and releases nothing (the codes only change place).
+
+    With ``keys`` (the public keys of one integral or plain string column, distinct, no null)
+    each input row is instead a key and a grid index, and the code is made here: ``gid`` is the
+    key's place in ``keys`` (Arrow's ``index_in``, exact equality on these types, one hash table
+    per chunk), and a row whose key is not listed is dropped (a null key matches nothing). That
+    is the inner join with the key list, without the driver building and broadcasting it.
     """
     buffered, size = [], 0
     for batch in batches:
         if len(batch) == 0:
             continue
-        buffered.append(np.asarray(batch.column(0), dtype=np.int64))
+        buffered.append(batch)
         size += len(batch)
         if size >= _PACK_ROWS:
-            yield _packed(buffered, span)
+            yield from _packed_batches(buffered, span, keys)
             buffered, size = [], 0
     if buffered:
-        yield _packed(buffered, span)
+        yield from _packed_batches(buffered, span, keys)
+
+
+def _packed_batches(batches, span: int, keys):
+    if keys is None:
+        codes = [np.asarray(b.column(0), dtype=np.int64) for b in batches]
+    else:
+        key = pa.concat_arrays([b.column(0) for b in batches])
+        index = pc.index_in(key, value_set=keys.cast(key.type))
+        listed = np.asarray(index.is_valid())
+        cell = np.concatenate([np.asarray(b.column(1), dtype=np.int64) for b in batches])
+        gid = np.asarray(index.fill_null(0), dtype=np.int64)
+        codes = [gid[listed] * span + cell[listed]]
+        if codes[0].size == 0:
+            return
+    yield _packed(codes, span)
 
 
 def _packed(buffered, span: int) -> pa.RecordBatch:

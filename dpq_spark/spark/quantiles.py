@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 _SEED_HIGH = 2**63 - 1
 _BROADCAST_KEYS = 200_000  # public key lists up to this size are broadcast to the join
 _LITERAL_KEYS = 32  # up to this many plain keys of one column: a literal lookup, no join
+_LOOKUP_KEY_BYTES = 16 << 20  # more plain keys, up to this size: looked up in the UDF, no join
 _RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to this many rows
 #: The ungrouped pass 1 counts rows per coarse cell k >> 16 (2**16 + 1 cells at most: a small
 #: hash aggregate); the grouped spill path keeps cells of k >> 12 (COARSE_SHIFT).
@@ -286,9 +287,10 @@ def dp_quantiles(
     token = _ACTIONS.set(jobs)
     try:
         key_table = _public_keys(req)
-        params, rows = _plan(req, key_table)
+        params, rows, lookup = _plan(req, key_table)
         if key_table is not None:
-            path, table = "public keys", _release_public_keys(req, params, rows, key_table)
+            path, table = "public keys", _release_public_keys(req, params, rows, key_table,
+                                                              lookup)
         elif req.keys:
             path, table = "partition selection", _release_selected_keys(req, params, rows)
         else:
@@ -324,7 +326,9 @@ def _public_keys(req: QuantileRequest) -> pa.Table | None:
 
 
 def _plan(req: QuantileRequest, key_table):
-    """Build the lazy frame of kept rows and the per-group parameters (no job runs here)."""
+    """Build the lazy frame of kept rows and the per-group parameters (no job runs here), and
+    the key ``lookup`` for :func:`~dpq_spark.spark._dataflow.partitioned_codes` (None unless
+    :func:`_lookup_keys`: then the rows carry no ``GID`` yet)."""
     g = req.max_groups_per_unit if req.privacy_unit is not None else 1
     r = req.max_rows_per_unit if req.privacy_unit is not None else 1
     eps_quantiles = req.epsilon
@@ -355,9 +359,13 @@ def _plan(req: QuantileRequest, key_table):
         noise_scale=noise_scale,
     )
     rows = flow.clean_rows(req)
+    lookup = None
     if key_table is not None and _literal_keys(req, key_table):
         key = req.keys[0]
         rows = flow.index_by_literals(rows, key, key_table.column(key).to_pylist())
+    elif key_table is not None and _lookup_keys(req, key_table):
+        key = req.keys[0]
+        lookup = (key, req.df.schema[key].dataType, key_table.column(key).combine_chunks())
     elif key_table is not None:
         index = key_table.select(list(req.keys)).append_column(
             GID, pa.array(np.arange(key_table.num_rows, dtype=np.int64)))
@@ -369,19 +377,37 @@ def _plan(req: QuantileRequest, key_table):
             null_safe=any(key_table.column(k).null_count for k in req.keys))
     if req.privacy_unit is not None:
         rows = flow.bound_contributions(rows, req.keys, r, g, row_seed, group_seed)
-    return params, rows
+    return params, rows, lookup
 
 
-def _literal_keys(req: QuantileRequest, key_table: pa.Table) -> bool:
-    """Whether the public keys take :func:`~dpq_spark.spark._dataflow.index_by_literals`: at
-    most ``_LITERAL_KEYS`` keys of one integral or ``UTF8_BINARY`` string column, none null
+def _plain_keys(req: QuantileRequest, key_table: pa.Table) -> bool:
+    """Whether the public keys are of one integral or ``UTF8_BINARY`` string column, none null
     (types whose equality is plain, unlike doubles' NaN and -0.0 or collated strings)."""
-    if len(req.keys) != 1 or key_table.num_rows > _LITERAL_KEYS:
+    if len(req.keys) != 1:
         return False
     dtype = req.df.schema[req.keys[0]].dataType
     plain = isinstance(dtype, T.IntegralType) or (
         isinstance(dtype, T.StringType) and not is_collated(dtype))
     return plain and key_table.column(req.keys[0]).null_count == 0
+
+
+def _literal_keys(req: QuantileRequest, key_table: pa.Table) -> bool:
+    """Whether the public keys take :func:`~dpq_spark.spark._dataflow.index_by_literals`: at
+    most ``_LITERAL_KEYS`` plain keys (:func:`_plain_keys`)."""
+    return key_table.num_rows <= _LITERAL_KEYS and _plain_keys(req, key_table)
+
+
+def _lookup_keys(req: QuantileRequest, key_table: pa.Table) -> bool:
+    """Whether the public-key path looks the keys up in its packing UDF instead of joining with
+    a key DataFrame (:func:`~dpq_spark.spark._dataflow.partitioned_codes` with ``lookup``):
+    plain keys (:func:`_plain_keys`) taking at most ``_LOOKUP_KEY_BYTES`` (they travel inside
+    the UDF, and on Spark Connect inside the plan), and no privacy unit (whose contribution
+    bounding must see only listed keys' rows, so the join comes first there). The lookup saves
+    building, shipping and broadcasting a key DataFrame; rows of unlisted keys reach Python
+    before they are dropped."""
+    return (req.privacy_unit is None and key_table.num_rows > _LITERAL_KEYS
+            and key_table.select([req.keys[0]]).nbytes <= _LOOKUP_KEY_BYTES
+            and _plain_keys(req, key_table))
 
 
 _POSITION = "__dpq_position"  # a value's place in its group's array (long layout)
@@ -432,7 +458,8 @@ def _wide(req: QuantileRequest, table: pa.Table) -> pa.Table:
     return pa.table(columns)
 
 
-def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table):
+def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table,
+                         lookup=None):
     """Public keys: stream ``GID * 2**33 + k`` codes (k the grid index) through ``mapInArrow``.
 
     One shuffle (by key index, no sort); Python folds each partition's codes into counts per
@@ -446,7 +473,7 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     hashes = key_table.column(KEY_HASH).to_pylist()
     params = dataclasses.replace(params, extra_columns=(CODE,),
                                  key_hashes=tuple(hashes) if params.base_seed is not None else None)
-    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution)
+    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution, lookup)
     schema = T.StructType([T.StructField(GID, T.LongType(), False),
                            T.StructField("value", T.ArrayType(T.DoubleType()), False),
                            T.StructField(MECHANISM, T.StringType(), False)])

@@ -595,15 +595,17 @@ def test_wide_layout_refuses_a_release_not_in_blocks():
 
 
 # --------------------------------------------------------------------------------------------
-# A short plain key list takes a literal lookup instead of the join
+# Plain key lists: a literal lookup (short), a lookup in the packing UDF (longer), else the join
 
 @pytest.mark.parametrize("ddl, keys, unlisted", [("g long", [BIG + 2, 3, -1, 99], BIG + 1),
                                                  ("g string", ["b", "é", "", "zz"], "e"),
-                                                 ("g int", [7, 0, 5, 1234], 6)])
-def test_short_key_lists_take_the_literal_lookup_with_the_join_release(spark, monkeypatch, ddl, keys,
-                                                                       unlisted):
-    """Up to 32 plain keys: no join, the same seeded release as the join path (a key with no
-    rows answered, rows of an unlisted key dropped)."""
+                                                 ("g int", [7, 0, 5, 1234], 6),
+                                                 ("g short", [7, -3, 5, 1234], 6)])
+def test_plain_key_lists_take_a_lookup_with_the_join_release(spark, monkeypatch, ddl, keys,
+                                                             unlisted):
+    """Plain keys: up to 32 a literal lookup, more a lookup in the packing UDF, no join; the
+    same seeded release as the join path (a key with no rows answered, rows of an unlisted key
+    and of the null key dropped)."""
     from dpq_spark.spark import _dataflow as flow
     from dpq_spark.spark import quantiles as module
 
@@ -620,29 +622,48 @@ def test_short_key_lists_take_the_literal_lookup_with_the_join_release(spark, mo
 
     calls = []
     real_join, real_literal = flow.attach_key_index, flow.index_by_literals
+    real_codes = flow.partitioned_codes
     monkeypatch.setattr(flow, "attach_key_index", lambda *a, **k: calls.append("join") or real_join(*a, **k))
     monkeypatch.setattr(flow, "index_by_literals", lambda *a, **k: calls.append("lit") or real_literal(*a, **k))
+    monkeypatch.setattr(flow, "partitioned_codes", lambda *a: (a[4] is not None and calls.append("udf")) or real_codes(*a))
     literal = release()
     monkeypatch.setattr(module, "_LITERAL_KEYS", 0)
+    looked_up = release()
+    monkeypatch.setattr(module, "_LOOKUP_KEY_BYTES", 0)
     joined = release()
-    assert calls == ["lit", "join"]
-    assert literal == joined
+    assert calls == ["lit", "udf", "join"]
+    assert literal == joined and looked_up == joined
     assert sorted({r[0] for r in literal}, key=repr) == sorted(set(keys), key=repr)
-    # power: the lookup must number keys as the driver does; numbering them from 1 answers
+    # power: each lookup must number keys as the driver does; numbering them from 1 answers
     # the wrong groups
     monkeypatch.setattr(module, "_LITERAL_KEYS", 32)
     monkeypatch.setattr(flow, "index_by_literals", lambda rows, key, values: real_literal(
         rows, key, values[1:] + values[:1]))
     assert release() != joined
+    monkeypatch.setattr(module, "_LITERAL_KEYS", 0)
+    monkeypatch.setattr(module, "_LOOKUP_KEY_BYTES", 16 << 20)
+
+    def rotated(rows, lower, upper, resolution, lookup):
+        key, data_type, values = lookup
+        return real_codes(rows, lower, upper, resolution,
+                          (key, data_type, pa.concat_arrays([values[1:], values[:1]])))
+    monkeypatch.setattr(flow, "partitioned_codes", rotated)
+    assert release() != joined
 
 
 def test_keys_with_a_null_or_of_doubles_keep_the_join(spark, monkeypatch):
     from dpq_spark.spark import _dataflow as flow
+    from dpq_spark.spark import quantiles as module
 
     df, _ = _frame(spark, {0: (1.0,), 1: (None,)}, "g double, x double", rows_per_group=11)
     dl, _ = _frame(spark, {0: (1,), 1: (None,)}, "g long, x double", rows_per_group=11)
     monkeypatch.setattr(flow, "index_by_literals", None)  # would fail if called
-    for frame, groups in ((df, [1.0, 2.0]), (dl, [1, None])):
-        out = dp_quantiles(frame, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=1000.0,
-                           group_by="g", groups=groups)
-        assert out.count() == 2
+    real_codes, lookups = flow.partitioned_codes, []
+    monkeypatch.setattr(flow, "partitioned_codes", lambda *a: lookups.append(a[4]) or real_codes(*a))
+    for literal_keys in (32, 0):  # neither the literal lookup nor the UDF's
+        monkeypatch.setattr(module, "_LITERAL_KEYS", literal_keys)
+        for frame, groups in ((df, [1.0, 2.0]), (dl, [1, None])):
+            out = dp_quantiles(frame, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=1000.0,
+                               group_by="g", groups=groups)
+            assert out.count() == 2
+    assert lookups == [None] * 4

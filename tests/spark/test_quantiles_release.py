@@ -140,6 +140,34 @@ def test_packed_rows_keep_every_groups_codes(monkeypatch, ties):
         assert (a[1] is None) == (b[1] is None) and (a[1] is None or np.array_equal(a[1], b[1]))
 
 
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.int32(), pa.large_string()])
+def test_packing_with_a_key_lookup_numbers_listed_keys_and_drops_the_rest(monkeypatch, key_type):
+    """pack_partition with ``keys``: each (key, grid index) row becomes the code of the key's
+    place in the list, across chunks and for the key column's own Arrow type (the list is cast
+    to it); unlisted and null keys are dropped; a chunk with no listed key packs nothing."""
+    monkeypatch.setattr(_release, "_PACK_ROWS", 1000)
+    gen = np.random.default_rng(6)
+    listed = [40, -7, 3, 2**20]
+    pool = listed + [5, 6]  # 5 and 6 are not listed
+    picks = gen.integers(0, len(pool) + 1, 5000)  # the last index stands for a null key
+    k = gen.integers(0, 2**32 + 1, picks.size)
+    picks[:1200] = 4  # a first chunk of unlisted keys only
+    def as_key(values):
+        return pa.array([None if v is None else (str(v) if pa.types.is_large_string(key_type) else v)
+                         for v in values], type=key_type)
+    key = as_key([pool[p] if p < len(pool) else None for p in picks.tolist()])
+    rows = [pa.RecordBatch.from_arrays([key.slice(i, 600), pa.array(k[i:i + 600])],
+                                       names=["key", _release.CELL])
+            for i in range(0, picks.size, 600)]
+    keys = as_key(listed).cast(pa.string() if pa.types.is_large_string(key_type) else pa.int64())
+    packed = list(_release.pack_partition(iter(rows), 1 << 33, keys=keys))
+    got = np.sort(np.concatenate([_release._unpacked(b)[0] for b in packed]))
+    kept = picks < len(listed)  # pool[i] is listed[i]: its place in the list is i
+    want = np.sort(picks[kept].astype(np.int64) * (1 << 33) + k[kept])
+    assert np.array_equal(got, want)
+    assert all(_release._unpacked(b)[1] is None for b in packed)  # distinct codes here
+
+
 def dlap_tail(k, scale):
     """Exact ``P(Y >= k)`` for the discrete Laplace of ``scale`` and an integer ``k >= 1``."""
     q = math.exp(-1.0 / float(scale))
