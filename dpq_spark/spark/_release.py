@@ -35,8 +35,7 @@ from dpq_spark.core.coarse_bands import (
 )
 from dpq_spark.core.grid import Grid
 from dpq_spark.core.ind_exp import ind_exp_indices
-from dpq_spark.core.joint_exp import _grid_cells, joint_exp_indices
-from dpq_spark.core.joint_exp_many import CELLS_HELD, _sample_many
+from dpq_spark.core.joint_exp import joint_exp_indices
 from dpq_spark.core.privacy import (
     NeighboringRelation,
     joint_exp_sensitivity,
@@ -673,26 +672,19 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
 
 
 def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
-    """JointExp for many groups (grid indices and counts each) in one batched pass
-    (:func:`~dpq_spark.core.joint_exp_many._sample_many`) with fresh OS entropy: each group's row
-    has the distribution :func:`_run_fine` gives it (the same exponential mechanism, pruning
-    and truncation; see :mod:`dpq_spark.core.joint_exp_many`), released as grid values. Production randomness only; seeded runs keep
+    """JointExp for many groups (grid indices and counts each) with fresh OS entropy, by
+    :func:`~dpq_spark.core.batch.release_many` (its ``"joint_exp"`` path: enumeration for the
+    smallest groups, :func:`~dpq_spark.core.joint_exp_many._sample_many` about ``CELLS_HELD``
+    cells at a time for the others): each group's row has the distribution :func:`_run_fine`
+    gives it, released as grid values. Production randomness only; seeded runs keep
     :func:`_run_fine` per group (per-key draws)."""
-    grid = _grid(params)
-    q = np.asarray(params.quantiles, dtype=np.float64)
-    relation = NeighboringRelation.parse(params.neighboring)
-    c = epsilon / (2.0 * joint_exp_sensitivity(q, relation))
-    source = resolve_rng(None)
-    out = np.empty((len(groups), q.size), dtype=np.int64)
-    cells, first, held = [], 0, 0
-    for g, (k, w) in enumerate(groups):  # at most about CELLS_HELD cells built at a time
-        cells.append(_grid_cells(np.asarray(k, dtype=np.int64), np.asarray(w, dtype=np.int64),
-                                 grid.size))
-        held += cells[-1][1].size
-        if held >= CELLS_HELD or g == len(groups) - 1:
-            out[first:g + 1] = _sample_many(cells, q, c, grid.size, source)
-            cells, first, held = [], g + 1, 0
-    return grid.value(out)
+    sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
+    flat = FlatGroups(np.concatenate([np.asarray(k, dtype=np.int64) for k, _ in groups]),
+                      np.concatenate([np.asarray(w, dtype=np.int64) for _, w in groups]),
+                      np.concatenate(([0], np.cumsum(sizes))))
+    return release_many(flat, params.quantiles, epsilon=epsilon, lower=params.lower,
+                        upper=params.upper, neighboring=params.neighboring,
+                        mechanism="joint_exp", grid_indices=True).values
 
 
 def _batchable(params: ReleaseParams) -> bool:

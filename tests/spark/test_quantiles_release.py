@@ -345,20 +345,22 @@ def test_unseeded_empty_public_keys_are_released_in_one_batch(spark, monkeypatch
 
 @pytest.mark.parametrize("held", [None, 400])
 def test_spilled_unseeded_joint_exp_groups_are_released_together(monkeypatch, held):
-    """A spilled fold without a seed releases its JointExp groups in one batched call
-    (joint_exp._sample_many, one row per group, each group's own represented data); with a
-    seed each group keeps its own sampler call. At a huge epsilon both put every output in the
-    gap (or point) of its group's data whose rank fits, so they must agree on those positions;
-    a mix-up of groups (rows or cells) would not. With ``held`` the groups' cells are built and
-    sampled a few groups at a time (CELLS_HELD), with the same outcome."""
+    """A spilled fold without a seed releases its JointExp groups together by release_many
+    (whose joint_exp._sample_many gets one row per group, each group's own represented data);
+    with a seed each group keeps its own sampler call. At a huge epsilon both put every output
+    in the gap (or point) of its group's data whose rank fits, so they must agree on those
+    positions; a mix-up of groups (rows or cells) would not. With ``held`` the groups' cells are
+    built and sampled a few groups at a time (CELLS_HELD), with the same outcome."""
+    from dpq_spark.core import batch
+
     if held is not None:
-        monkeypatch.setattr(_release, "CELLS_HELD", held)
+        monkeypatch.setattr(batch, "CELLS_HELD", held)
     gen = np.random.default_rng(6)
     groups = [np.sort(gen.choice(2**32 + 1, size, replace=False)) for size in (30, 80, 300, 1000)]
     groups.append(np.sort(2**31 + gen.choice(40, 600)))  # heavy ties
     calls = []
-    real = _release._sample_many
-    monkeypatch.setattr(_release, "_sample_many", lambda cells, *a, **kw: calls.append(len(cells)) or real(cells, *a, **kw))
+    real = batch._joint_many
+    monkeypatch.setattr(batch, "_joint_many", lambda cells, *a, **kw: calls.append(len(cells)) or real(cells, *a, **kw))
     monkeypatch.setattr(_release, "_COMPACT_ROWS", 100)
     q = (0.1, 0.5, 0.9)
 
