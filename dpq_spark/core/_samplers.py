@@ -25,6 +25,7 @@ C. Canonne, G. Kamath and T. Steinke, "The Discrete Gaussian for Differential Pr
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from numbers import Rational
@@ -81,6 +82,23 @@ def as_fraction(value, name: str = "scale") -> Fraction:
     return frac
 
 
+def _cached(fn):
+    """``fn`` memoised on its (hashable) arguments, by type as well as value (``1``, ``1.0`` and
+    ``True`` are three keys: ``True`` must still be refused). Exceptions are not cached, and
+    unhashable arguments go to ``fn`` itself (whose validation names them)."""
+    memo = functools.lru_cache(maxsize=1024, typed=True)(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            hash((args, tuple(kwargs.items())))
+        except TypeError:
+            return fn(*args, **kwargs)
+        return memo(*args, **kwargs)
+    return call
+
+
+@_cached
 def dlap_scale(sensitivity, epsilon) -> Fraction:
     """The discrete-Laplace scale for a query of ``sensitivity`` at ``epsilon``, rounded up.
 
@@ -111,6 +129,7 @@ def dlap_scale(sensitivity, epsilon) -> Fraction:
     return Fraction(num, den)
 
 
+@_cached
 def achieved_epsilon(sensitivity, scale) -> float:
     """The epsilon that discrete Laplace noise of ``scale`` gives a query of ``sensitivity``.
 

@@ -185,6 +185,23 @@ def test_other_iv():
         S.dlap_scale(0, 1.0)
 
 
+def test_memoised_scales_are_the_computed_ones_and_bad_arguments_are_still_refused():
+    """dlap_scale and achieved_epsilon are memoised: a repeated call returns what the function
+    computes, a bool equal to a cached int is still refused, and an unhashable argument still
+    gets the validation error naming it."""
+    for sens, eps in [(1, 0.3), (2, Fraction(1, 7)), (10, 1e-7), (1, 0.3)]:
+        assert S.dlap_scale(sens, eps) == S.dlap_scale.__wrapped__(sens, eps)
+        scale = S.dlap_scale(sens, eps)
+        assert S.achieved_epsilon(sens, scale) == S.achieved_epsilon.__wrapped__(sens, scale)
+    assert S.dlap_scale(1, 1.0) == 1
+    with pytest.raises(TypeError, match="`sensitivity` must be a positive rational or float"):
+        S.dlap_scale(True, 1.0)
+    with pytest.raises(TypeError, match="`epsilon` must be a positive rational or float, got list"):
+        S.dlap_scale(1, [1.0])
+    with pytest.raises(ValueError, match="`epsilon` must be finite and > 0, got -1.0"):
+        S.dlap_scale(1, -1.0)  # an exception is not remembered as a result either
+
+
 # ------------------------------------------------------------------------------ buffered source
 def test_buffered_bytes_are_the_stream_in_order_and_never_repeated():
     """Small reads are served from a buffer: the bytes are exactly the generator's stream, in
