@@ -678,11 +678,7 @@ def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
     cells at a time for the others): each group's row has the distribution :func:`_run_fine`
     gives it, released as grid values. Production randomness only; seeded runs keep
     :func:`_run_fine` per group (per-key draws)."""
-    sizes = np.array([len(k) for k, _ in groups], dtype=np.int64)
-    flat = FlatGroups(np.concatenate([np.asarray(k, dtype=np.int64) for k, _ in groups]),
-                      np.concatenate([np.asarray(w, dtype=np.int64) for _, w in groups]),
-                      np.concatenate(([0], np.cumsum(sizes))))
-    return release_many(flat, params.quantiles, epsilon=epsilon, lower=params.lower,
+    return release_many(groups, params.quantiles, epsilon=epsilon, lower=params.lower,
                         upper=params.upper, neighboring=params.neighboring,
                         mechanism="joint_exp", grid_indices=True).values
 
