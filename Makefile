@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VENV35 ?= .venv35
 PY35 := $(VENV35)/bin/python
 STAMP35 := $(VENV35)/.installed
-SPARK35_TESTS ?= tests/spark tests/jobs tests/test_readme_snippets.py
+SPARK35_TESTS ?= tests/spark tests/pipeline tests/docs/test_readme_snippets.py
 
 .PHONY: run test test-spark35 bench clean pg-server
 

@@ -32,16 +32,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = textwrap.dedent("""
     import json, sys, time
     import numpy as np
-    from dpq_spark.core.grid import Grid
+    from dpq_spark.core.randomness.grid import Grid
     what, groups = sys.argv[1], int(sys.argv[2])
     grid = Grid(-50.0, 50.0)
     q = np.arange(1, 10) / 10
     rng = np.random.default_rng(1)
     if what in ("je_one", "je_many"):
         from dpq_spark.core import joint_exp as _unused  # noqa: F401
-        J = sys.modules["dpq_spark.core.joint_exp"]
-        from dpq_spark.core.privacy import NeighboringRelation, joint_exp_sensitivity
-        from dpq_spark.core._random import resolve_rng
+        J = sys.modules["dpq_spark.core.quantiles.joint_exp"]
+        from dpq_spark.core.accounting.neighboring import NeighboringRelation, joint_exp_sensitivity
+        from dpq_spark.core.randomness.source import resolve_rng
         data = [np.unique(grid.snap(rng.normal(0.0, 5.0, 10_000)).astype(np.int64), return_counts=True)
                 for _ in range(groups)]
         t = time.process_time()
@@ -50,21 +50,22 @@ CHILD = textwrap.dedent("""
                 J.joint_exp_indices(k, w, grid.size, q, epsilon=1.0)
         else:
             c = 1.0 / (2.0 * joint_exp_sensitivity(q, NeighboringRelation.parse("add_remove")))
-            from dpq_spark.core.joint_exp_many import _sample_many
+            from dpq_spark.core.quantiles.joint_exp_many import _sample_many
             cells = [J._grid_cells(k, w, grid.size) for k, w in data]
             _sample_many(cells, q, c, grid.size, resolve_rng(None))
         print(json.dumps((time.process_time() - t) / groups * 1e3))
     else:
         import pyarrow as pa
         from dpq_spark.spark import _release as R
+        from dpq_spark.spark import _columns  # noqa: E402
         gid = np.tile(np.arange(groups, dtype=np.int64) * 2, 10_000)  # interleaved like hash partitions
         x = rng.normal(0.0, 5.0, groups * 10_000)
         codes = gid * (1 << 33) + grid.snap(x).astype(np.int64)
-        batches = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 10_000])], names=[R.CODE])
+        batches = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 10_000])], names=[_columns.CODE])
                    for i in range(0, codes.size, 10_000)]
         params = R.ReleaseParams(keys=("g",), quantiles=tuple(q), epsilon=1.0, lower=-50.0,
                                  upper=50.0, resolution=2**20, neighboring="add_remove",
-                                 mechanism="auto", extra_columns=(R.CODE,))
+                                 mechanism="auto", extra_columns=(_columns.CODE,))
         t = time.process_time()
         rows = sum(len(b) for b in R.release_partition(iter(batches), params))
         assert rows == groups * q.size

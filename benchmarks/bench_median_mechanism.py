@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from dpq_spark.core.median_mechanism import AnswerKind, MedianMechanism
+from dpq_spark.core.interactive.median_mechanism import AnswerKind, MedianMechanism
 
 
 def synthetic_histogram(n: int, bins: int, rng: np.random.Generator) -> np.ndarray:

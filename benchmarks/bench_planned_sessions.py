@@ -6,7 +6,7 @@ Run from the repository root (numpy/scipy only, no Spark)::
     .venv/bin/python benchmarks/bench_planned_sessions.py --queries 2000 --rows 100000
 
 Each session is created with ``expected_queries=K`` only: the planner
-(:func:`dpq_spark.core.planner.plan_median_session`) picks ``accuracy`` and ``max_hard_queries``
+(:func:`dpq_spark.core.interactive.planner.plan_median_session`) picks ``accuracy`` and ``max_hard_queries``
 from |X|, n, epsilon and K, and the plan is printed before the first query. Workloads (public
 synthetic data, epsilon = 1, swap neighbours, n public):
 
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from dpq_spark.core.median_mechanism import MedianMechanism
+from dpq_spark.core.interactive.median_mechanism import MedianMechanism
 
 WORKLOADS = ("1d", "2d", "cat_num")
 

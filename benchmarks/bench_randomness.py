@@ -47,8 +47,8 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def bits_and_noise(repeats: int) -> None:
-    from dpq_spark.core._random import resolve_rng
-    from dpq_spark.core._samplers import discrete_laplace, dlap_scale
+    from dpq_spark.core.randomness.source import resolve_rng
+    from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
 
     sources = {"os.urandom": lambda: resolve_rng(None),
                "seeded numpy": lambda: resolve_rng(np.random.default_rng(0))}
@@ -89,7 +89,7 @@ def bits_and_noise(repeats: int) -> None:
 _EASY_CHILD = r"""
 import json, sys, time
 import numpy as np
-from dpq_spark.core.median_mechanism import AnswerKind, MedianMechanism
+from dpq_spark.core.interactive.median_mechanism import AnswerKind, MedianMechanism
 cfg = json.loads(sys.argv[1])
 rng = np.random.default_rng(cfg["seed"])
 out = {}

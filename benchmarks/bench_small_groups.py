@@ -11,7 +11,7 @@ epsilon = 1, add/remove, ``rng=None`` (the OS generator, as in production), and 
 
 - *per group*: ``dpq_spark.spark._release.release_values`` once per group, as the Spark layer's
   packed loop calls it today (one ``RandomSource``, validation, ``Grid`` per group);
-- *batch*: one ``dpq_spark.core.batch.release_many`` call for all the groups.
+- *batch*: one ``dpq_spark.core.quantiles.batch.release_many`` call for all the groups.
 
 The per-group path is timed on a sample of the groups (``--sample``, default 300; AggTree costs
 ~35 ms a group there) and reported per group. Timings are wall-clock medians of ``--repeats``;
@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpq_spark.core.batch import release_many  # noqa: E402
+from dpq_spark.core.quantiles.batch import release_many  # noqa: E402
 
 MECHANISMS = ("auto", "agg_tree", "approx_quantiles", "joint_exp", "ind_exp")
 LOWER, UPPER = -50.0, 50.0

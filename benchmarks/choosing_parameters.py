@@ -35,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from dpq_spark.core.mechanisms import MECHANISMS, get_base_mechanism  # noqa: E402
+from dpq_spark.core.quantiles.mechanisms import MECHANISMS, get_base_mechanism  # noqa: E402
 
 DECILES = np.arange(1, 10) / 10
 PARTS = ("epsilon", "m", "crossover", "looseness", "bounds_free", "tiny")
@@ -115,7 +115,7 @@ def part_crossover(rng, reps):
 
 def _rule_without_histogram(m, n, epsilon):
     """``choose_mechanism`` as it was before the histogram rule (``m > 1``)."""
-    from dpq_spark.core import choose
+    from dpq_spark.core.quantiles import choose
 
     factor = (max(float(n), 1.0) * epsilon / choose._REF) ** choose._POWER
     if m <= max(2.0, choose._M1 * factor):

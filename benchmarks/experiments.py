@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpq_spark.core.mechanisms import MECHANISMS
+from dpq_spark.core.quantiles.mechanisms import MECHANISMS
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_CSV = REPO / "data" / "goodreads_books.csv"

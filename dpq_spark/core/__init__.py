@@ -11,13 +11,14 @@ from __future__ import annotations
 from dpq_spark._lazy import lazy_attributes
 
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError, SessionHaltedError
-from dpq_spark.core.bounds import PrivateBounds, private_bounds
-from dpq_spark.core.choose import QuantileRelease, choose_mechanism
-from dpq_spark.core.mechanisms import (
+from dpq_spark.core.quantiles.bounds import PrivateBounds, private_bounds
+from dpq_spark.core.quantiles.choose import choose_mechanism
+from dpq_spark.core.quantiles.release import QuantileRelease
+from dpq_spark.core.quantiles.mechanisms import (
     MECHANISMS, agg_tree, app_ind_exp, approx_quantiles, auto, csmooth, histogram, ind_exp, joint_exp,
     smooth,
 )
-from dpq_spark.core.privacy import NeighboringRelation
+from dpq_spark.core.accounting.neighboring import NeighboringRelation
 
 __all__ = [
     "joint_exp",
@@ -46,11 +47,11 @@ __all__ = [
 ]
 
 _LAZY = {
-    "MedianMechanism": "dpq_spark.core.median_mechanism",
-    "MedianAnswer": "dpq_spark.core.median_mechanism",
-    "AnswerKind": "dpq_spark.core.median_mechanism",
-    "plan_median_session": "dpq_spark.core.planner",
-    "Plan": "dpq_spark.core.planner",
+    "MedianMechanism": "dpq_spark.core.interactive.median_mechanism",
+    "MedianAnswer": "dpq_spark.core.interactive.median_mechanism",
+    "AnswerKind": "dpq_spark.core.interactive.median_mechanism",
+    "plan_median_session": "dpq_spark.core.interactive.planner",
+    "Plan": "dpq_spark.core.interactive.planner",
 }
 
 

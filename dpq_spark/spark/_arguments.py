@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from dpq_spark.core._random import resolve_rng
+from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core._validation import (
     check_bounds,
     check_delta,
@@ -26,10 +26,10 @@ from dpq_spark.core._validation import (
     check_positive_int,
     check_quantiles,
 )
-from dpq_spark.core.privacy import NeighboringRelation
+from dpq_spark.core.accounting.neighboring import NeighboringRelation
 from dpq_spark.spark._compat import arrow_type, is_collated, is_dataframe
 from dpq_spark.spark._mechanisms import get_mechanism
-from dpq_spark.spark._release import BUCKETS
+from dpq_spark.spark._buckets import BUCKETS
 
 __all__ = ["QuantileRequest", "parse_request", "MAX_RESOLUTION"]
 

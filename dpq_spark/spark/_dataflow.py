@@ -15,24 +15,18 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dpq_spark.core.grid import Grid
+from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.spark._compat import create_dataframe
-from dpq_spark.spark._release import (
+from dpq_spark.spark._buckets import (
     BUCKET_BITS,
     BUCKET_CAP,
     BUCKET_EMAX,
     BUCKET_EMIN,
     BUCKET_FLOOR,
     BUCKET_OFFSET,
-    CELL,
-    CODE,
-    CODES,
-    COUNT,
-    COUNTS,
-    GID,
-    UNITS,
-    pack_partition,
 )
+from dpq_spark.spark._columns import CELL, CODE, CODES, COUNT, COUNTS, GID, UNITS
+from dpq_spark.spark._packing import pack_partition
 
 CODE_SPAN = 1 << 33  # public-key codes: GID * 2**33 + grid index (k <= 2**32)
 MAX_PACKED_KEYS = 1 << 30
@@ -136,7 +130,7 @@ def grid_index_column(lower: float, upper: float):
 
     ``clip(floor((clamp(x) - lower) / g + 0.5), 0, N)`` with the grid's float64 step ``g`` and
     ``N = 2**32``: the same correctly rounded float64 operations as
-    :meth:`dpq_spark.core.grid.Grid.snap`, so the index is the core's bit for bit. A per-record
+    :meth:`dpq_spark.core.randomness.grid.Grid.snap`, so the index is the core's bit for bit. A per-record
     map of public constants. Built-in functions only.
     """
     grid = Grid(lower, upper)
@@ -148,7 +142,7 @@ def grid_index_column(lower: float, upper: float):
 def bucket_column():
     """The value's index in the public log-scale bucket grid (bounds-free path), as a long.
 
-    Same map as :func:`dpq_spark.spark._release.bucket_index`: ``|x|`` clamped to
+    Same map as :func:`dpq_spark.spark._buckets.bucket_index`: ``|x|`` clamped to
     ``BUCKET_CAP``; below ``BUCKET_FLOOR`` the zero bucket ``BUCKET_OFFSET``; else ``e =
     floor(log2|x|)``, corrected by one where ``log2`` rounded across a power of two (``pow(2,
     e)`` is exact, so the corrected ``e`` has ``2**e <= |x| < 2**(e+1)``), the mantissa bucket
@@ -234,7 +228,7 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
 
     Spark computes one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k the grid index; the
     caller refuses more than 2**30 keys so it fits) or without bounds ``GID * resolution +
-    bucket``. A first ``mapInArrow`` (:func:`~dpq_spark.spark._release.pack_partition`, on each
+    bucket``. A first ``mapInArrow`` (:func:`~dpq_spark.spark._packing.pack_partition`, on each
     input partition, no shuffle) sorts them in memory-bounded chunks and packs them into rows of
     one group each (``GID``, then up to 256 codes, with their counts when tied, as bytes); the
     one shuffle, hash partitioned by ``GID``, moves those rows. Every group is then whole in
@@ -249,7 +243,7 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
     ``lookup`` = ``(key, data_type, keys)``: ``rows`` have no ``GID`` yet; Spark passes the key
     column and the grid index, and the packing maps each key to its place in ``keys`` (a
     ``pyarrow.Array`` of distinct plain keys, no null), dropping unlisted keys
-    (:func:`~dpq_spark.spark._release.pack_partition`); ``data_type`` is the key column's Spark
+    (:func:`~dpq_spark.spark._packing.pack_partition`); ``data_type`` is the key column's Spark
     type (given, not read from ``rows``, which on Connect would cost a round trip)."""
     span = CODE_SPAN if lower is not None else resolution
     cell = value_cell(lower, upper, resolution)

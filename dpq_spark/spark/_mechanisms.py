@@ -1,11 +1,10 @@
 """Look up a quantile mechanism of ``dpq_spark.core`` by name (no pyspark here).
 
-``"joint_exp"`` is always there. If ``dpq_spark.core.mechanisms`` exists, its ``MECHANISMS``
-dict (name -> callable with the signature of :func:`dpq_spark.core.joint_exp`) adds the
-baselines. The lookup is lazy so that this module works with or without the registry. Only
-mechanisms whose registered guarantee (``GUARANTEES``) is pure epsilon-DP are offered:
-``dp_quantiles`` promises pure DP and scales epsilon by group privacy and composition, which an
-``(epsilon, delta)`` or zCDP mechanism would not honour.
+The names come from the core's registry (:data:`dpq_spark.core.quantiles.mechanisms.MECHANISMS`,
+name -> callable with the signature of :func:`dpq_spark.core.joint_exp`). Only mechanisms whose
+registered guarantee (``GUARANTEES``) is pure epsilon-DP are offered: ``dp_quantiles`` promises
+pure DP and scales epsilon by group privacy and composition, which an ``(epsilon, delta)`` or
+zCDP mechanism would not honour.
 """
 
 from __future__ import annotations
@@ -13,24 +12,16 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from dpq_spark.core.quantiles.mechanisms import GUARANTEES, MECHANISMS
+
 __all__ = ["available_mechanisms", "get_mechanism"]
 
 
 @functools.lru_cache(maxsize=1)  # the registry is fixed at import; looked up once per group
 def available_mechanisms() -> dict[str, Callable]:
-    """Return the mechanisms that ``dp_quantiles`` accepts, by name."""
-    from dpq_spark.core import joint_exp
-
-    found: dict[str, Callable] = {"joint_exp": joint_exp}
-    try:
-        from dpq_spark.core import mechanisms as registry
-    except ModuleNotFoundError as exc:
-        if exc.name != "dpq_spark.core.mechanisms":
-            raise
-    else:
-        guarantees = getattr(registry, "GUARANTEES", {})
-        found.update({name: fn for name, fn in registry.MECHANISMS.items()
-                      if guarantees.get(name, "pure") == "pure"})
+    """Return the mechanisms that ``dp_quantiles`` accepts, by name (``joint_exp`` first)."""
+    found: dict[str, Callable] = {"joint_exp": MECHANISMS["joint_exp"]}
+    found.update({name: fn for name, fn in MECHANISMS.items() if GUARANTEES[name] == "pure"})
     return found
 
 

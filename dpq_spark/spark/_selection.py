@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from dpq_spark.core._samplers import dlap_scale
+from dpq_spark.core.randomness.samplers import dlap_scale
 
 __all__ = ["laplace_scale", "selection_threshold"]
 
@@ -40,7 +40,7 @@ _MARGIN = 1e-9
 
 def laplace_scale(epsilon: float, max_groups_per_unit: int) -> Fraction:
     """Scale ``b`` of the discrete Laplace noise on each key's count of units: ``G / epsilon``
-    rounded up to a rational (:func:`dpq_spark.core._samplers.dlap_scale`)."""
+    rounded up to a rational (:func:`dpq_spark.core.randomness.samplers.dlap_scale`)."""
     return dlap_scale(max_groups_per_unit, epsilon)
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpq_spark.core._random import resolve_rng
+from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core._validation import check_bounds, check_positive_int, check_quantiles
-from dpq_spark.core.median_mechanism import MedianAnswer, MedianMechanism
+from dpq_spark.core.interactive.median_mechanism import MedianAnswer, MedianMechanism
 
 __all__ = ["MedianMechanismSession", "NumericColumn", "CategoricalColumn", "QuantileAnswer"]
 
@@ -158,7 +158,7 @@ class MedianMechanismSession:
         generator is for tests only.
     expected_queries, target_accuracy, n_hint : optional
         A planned session: ``accuracy`` and ``max_hard_queries`` are chosen from public inputs by
-        :func:`dpq_spark.core.planner.plan_median_session`; the plan is ``session.mechanism.plan``.
+        :func:`dpq_spark.core.interactive.planner.plan_median_session`; the plan is ``session.mechanism.plan``.
 
     Raises
     ------

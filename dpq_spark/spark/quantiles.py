@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dpq_spark.core.coarse_bands import (
+from dpq_spark.core.quantiles.coarse_bands import (
     BAND_LOG_TOL,
     COARSE_SHIFT,
     represent,
@@ -24,17 +24,12 @@ from dpq_spark.core.coarse_bands import (
 from dpq_spark.spark import _compat
 from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark import _release
+from dpq_spark.spark import _fold
 from dpq_spark.spark._arguments import DEFAULT_RESOLUTION, QuantileRequest, parse_request
 from dpq_spark.spark._compat import create_dataframe, is_collated
 from dpq_spark.spark._keys import key_seed, normalise, spark_order
+from dpq_spark.spark._columns import CELL, CODE, COUNT, GID, KEY_HASH, MECHANISM, UNITS
 from dpq_spark.spark._release import (
-    CELL,
-    CODE,
-    COUNT,
-    GID,
-    KEY_HASH,
-    MECHANISM,
-    UNITS,
     ReleaseParams,
     release_group,
     release_keyed_partition,
@@ -142,7 +137,7 @@ def dp_quantiles(
     mechanism : str, default "auto"
         ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
         row count: public under swap, else a noisy count with 5% of the group's epsilon;
-        :mod:`dpq_spark.core.choose`): IndExp for one quantile, the 16-bin histogram when
+        :mod:`dpq_spark.core.quantiles.choose`): IndExp for one quantile, the 16-bin histogram when
         ``n epsilon < 25``, JointExp up to about 35 quantiles at ``n epsilon = 1000``, then
         ApproxQuantiles, then AggTree. Or a pure mechanism by name: ``"joint_exp"``,
         ``"ind_exp"``, ``"approx_quantiles"``, ``"agg_tree"``, ``"histogram"``.
@@ -150,7 +145,7 @@ def dp_quantiles(
         Share of ``epsilon`` spent on partition selection when ``delta`` is given.
     bounds_share : float, optional
         Without bounds only: the share of each group's epsilon spent on its private bounds, in
-        (0, 1); default 0.2 (:data:`dpq_spark.core.bounds.DEFAULT_BOUNDS_SHARE`).
+        (0, 1); default 0.2 (:data:`dpq_spark.core.quantiles.bounds.DEFAULT_BOUNDS_SHARE`).
     rng : numpy.random.Generator, optional
         Source of randomness. ``None`` (production) draws fresh OS entropy in every Python
         worker call; pass a seeded Generator only in tests, which makes the release reproducible
@@ -200,7 +195,7 @@ def dp_quantiles(
     noisy count and choice of each group, JointExp (IndExp) gets the exact ``k`` of the coarse
     cells it can reach, read back from the file, and each other cell's rows at the cell's left
     edge: within total variation 2**-59 of the same mechanism on the grid data
-    (:mod:`dpq_spark.core.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
+    (:mod:`dpq_spark.core.quantiles.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
     (each row at its cell's middle grid point, within 4.8e-7 of the span). Ungrouped, Spark
     counts rows per wider coarse cell of 65,536 grid points (at most 2**16 + 1 rows
     collected), the driver chooses, and a second job brings, for JointExp/IndExp, the grid
@@ -221,7 +216,7 @@ def dp_quantiles(
     group is bounded by its distinct buckets (at most about 2e8, in practice a few per distinct
     value), never by its rows. Per group the mechanism gets the buckets' representative values
     (midpoints, within 2**-21 relative of every member) with their counts and ``lower = upper =
-    None``: it releases private bounds from them (:mod:`dpq_spark.core.bounds`), then the
+    None``: it releases private bounds from them (:mod:`dpq_spark.core.quantiles.bounds`), then the
     quantiles inside those bounds.
 
     Privacy
@@ -257,12 +252,12 @@ def dp_quantiles(
     ``neighboring`` (all offered ones are: JointExp, IndExp, ApproxQuantiles, AggTree, auto).
 
     As implemented (float64 weights, exact integer draws), each mechanism is ``(epsilon + eta,
-    delta)``-DP with the core's tiny ``eta`` and ``delta`` (:mod:`dpq_spark.core.joint_exp`).
+    delta)``-DP with the core's tiny ``eta`` and ``delta`` (:mod:`dpq_spark.core.quantiles.joint_exp`).
     With bounds, JointExp and IndExp on a spilled group or on the ungrouped path run on
     represented data whose release is within total variation 2**-59 of the release on the grid
     data (per IndExp draw), giving ``delta = (1 + exp(epsilon + eta)) 2**-58`` (IndExp: m times
     that); whether a partition spilled depends on its data, but both branches sample, within
-    that distance, the same distribution (:mod:`dpq_spark.core.coarse_bands`).
+    that distance, the same distribution (:mod:`dpq_spark.core.quantiles.coarse_bands`).
 
     Examples
     --------
@@ -352,8 +347,8 @@ def _plan(req: QuantileRequest, key_table):
         neighboring=req.neighboring.value,
         mechanism=req.mechanism,
         bounds_share=req.bounds_share,
-        fold_budget=_release.FOLD_BUDGET,  # read here, on the driver (tests lower it)
-        spill_shrink=_release.SPILL_SHRINK,
+        fold_budget=_fold.FOLD_BUDGET,  # read here, on the driver (tests lower it)
+        spill_shrink=_fold.SPILL_SHRINK,
         base_seed=base_seed,
         threshold=threshold,
         noise_scale=noise_scale,
@@ -463,7 +458,7 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     """Public keys: stream ``GID * 2**33 + k`` codes (k the grid index) through ``mapInArrow``.
 
     One shuffle (by key index, no sort); Python folds each partition's codes into counts per
-    distinct (group, grid index), spilling past the fold budget (:class:`_release.Fold`). The UDF returns key indexes; the driver maps them back to the
+    distinct (group, grid index), spilling past the fold budget (:class:`_fold.Fold`). The UDF returns key indexes; the driver maps them back to the
     collected key values. A public key with no rows never reaches the UDF: the driver answers
     it from empty data, exactly as the UDF would.
     """
@@ -558,7 +553,7 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
     (at most 2**16 + 1); the driver draws the noisy count and chooses (``"auto"``); JointExp
     and IndExp then get the grid indices of their reachable coarse cells (pass 2, filtered by
     cell; a further pass only if the band from the fine data read reaches a cell not read:
-    :func:`~dpq_spark.core.coarse_bands.settle`) and the pruned cells at their left edges; the
+    :func:`~dpq_spark.core.quantiles.coarse_bands.settle`) and the pruned cells at their left edges; the
     other mechanisms get rows per cell ``k >> 12`` (pass 2) at those cells' representative
     points, as on the grouped path. Without bounds, bucket counts in one job."""
     if req.lower is None:

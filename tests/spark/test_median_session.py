@@ -9,7 +9,7 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
 
 from dpq_spark.core.errors import SessionHaltedError  # noqa: E402
-from dpq_spark.core.median_mechanism import AnswerKind  # noqa: E402
+from dpq_spark.core.interactive.median_mechanism import AnswerKind  # noqa: E402
 from dpq_spark.spark import CategoricalColumn, MedianMechanismSession, NumericColumn  # noqa: E402
 
 X_VALUES = [0.5, 1.5, 1.7, 9.9, -3.0, 42.0, None, float("nan"), 5.0, 5.0]

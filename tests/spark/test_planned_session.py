@@ -7,7 +7,7 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from dpq_spark.core.planner import plan_median_session  # noqa: E402
+from dpq_spark.core.interactive.planner import plan_median_session  # noqa: E402
 from dpq_spark.spark import CategoricalColumn, MedianMechanismSession, NumericColumn  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 
 from dpq_spark import dp_quantiles  # noqa: E402
-from dpq_spark.core.choose import DEFAULT_COUNT_SHARE, choose_mechanism  # noqa: E402
+from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, choose_mechanism  # noqa: E402
 
 N = 2000  # rows per group
 

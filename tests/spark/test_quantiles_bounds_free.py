@@ -11,10 +11,10 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
 
 from dpq_spark import dp_quantiles  # noqa: E402
-from dpq_spark.core._random import resolve_rng  # noqa: E402
-from dpq_spark.core.mechanisms import joint_exp  # noqa: E402
+from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
+from dpq_spark.core.quantiles.mechanisms import joint_exp  # noqa: E402
 from dpq_spark.spark import _dataflow as flow  # noqa: E402
-from dpq_spark.spark._release import (  # noqa: E402
+from dpq_spark.spark._buckets import (  # noqa: E402
     BUCKET_BITS,
     BUCKET_CAP,
     BUCKET_FLOOR,

@@ -5,7 +5,7 @@ The equality tests replay the release with the core: the same per-group randomne
 the caller's Generator) and the raw values. Spark's grid index equals ``Grid.snap``, so the
 core's ``joint_exp`` on the raw values must release the very same numbers. With the fold budget
 lowered, groups take the spill path: there the release must be the core's JointExp on the
-*represented* data (:mod:`dpq_spark.core.coarse_bands`), and the tests check that pruning ran.
+*represented* data (:mod:`dpq_spark.core.quantiles.coarse_bands`), and the tests check that pruning ran.
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ pytest.importorskip("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
 
 from dpq_spark import dp_quantiles  # noqa: E402
-from dpq_spark.core import coarse_bands as cb  # noqa: E402
+from dpq_spark.core.quantiles import coarse_bands as cb  # noqa: E402
 from dpq_spark.core import joint_exp  # noqa: E402
-from dpq_spark.core._random import resolve_rng  # noqa: E402
-from dpq_spark.core.choose import auto  # noqa: E402
-from dpq_spark.core.grid import Grid  # noqa: E402
+from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
+from dpq_spark.core.quantiles.choose import auto  # noqa: E402
+from dpq_spark.core.randomness.grid import Grid  # noqa: E402
 from dpq_spark.spark._keys import key_seed  # noqa: E402
-from dpq_spark.core.ind_exp import ind_exp, ind_exp_indices  # noqa: E402
-from dpq_spark.core.joint_exp import joint_exp_indices  # noqa: E402
+from dpq_spark.core.quantiles.ind_exp import ind_exp, ind_exp_indices  # noqa: E402
+from dpq_spark.core.quantiles.joint_exp import joint_exp_indices  # noqa: E402
 from dpq_spark.spark import _release  # noqa: E402
+from dpq_spark.spark import _fold  # noqa: E402
 from dpq_spark.spark._dataflow import VALUE, grid_index_column  # noqa: E402
 
 A, B = 0.0, 2e9
@@ -148,8 +149,8 @@ def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechan
     """Fold budget lowered to 64 pairs: every partition spills. The release is the core's
     JointExp on the represented data, and the outlier group has pruned cells (so the
     represented data differs from the fine data and the spill re-read was selective)."""
-    monkeypatch.setattr(_release, "FOLD_BUDGET", 64)
-    monkeypatch.setattr(_release, "SPILL_SHRINK", 1.0)  # spill whatever the spread
+    monkeypatch.setattr(_fold, "FOLD_BUDGET", 64)
+    monkeypatch.setattr(_fold, "SPILL_SHRINK", 1.0)  # spill whatever the spread
     data = grouped_data()
     names = [*data, "empty"]
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
@@ -172,8 +173,8 @@ def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechan
 
 def test_spill_path_on_partition_selection(spark, monkeypatch):
     """Keys from the data (mapInPandas): the same fold, spilled."""
-    monkeypatch.setattr(_release, "FOLD_BUDGET", 16)
-    monkeypatch.setattr(_release, "SPILL_SHRINK", 1.0)  # spill whatever the spread
+    monkeypatch.setattr(_fold, "FOLD_BUDGET", 16)
+    monkeypatch.setattr(_fold, "SPILL_SHRINK", 1.0)  # spill whatever the spread
     data = grouped_data()
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=4.0, lower=A, upper=B,
                        group_by="g", delta=1e-6, mechanism="joint_exp",
@@ -249,15 +250,15 @@ def _global_represented(x, q, c, grid=GRID, guess=lambda first: first):
     return cb.represent(fk, fw, cells, counts, keep, shift), keep
 
 
-@pytest.mark.parametrize("budget", [_release.FOLD_BUDGET, 8])
+@pytest.mark.parametrize("budget", [_fold.FOLD_BUDGET, 8])
 def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
     """ApproxQuantiles (and AggTree) run on the coarse cells' fixed representative grid points
     (a per-record map of public constants), the same whether or not the fold spilled: the
     release is the core's approx_quantiles on those points with the same seed."""
-    from dpq_spark.core.approx_quantiles import approx_quantiles
+    from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles
 
-    monkeypatch.setattr(_release, "FOLD_BUDGET", budget)
-    monkeypatch.setattr(_release, "SPILL_SHRINK", 1.0)  # spill whatever the spread
+    monkeypatch.setattr(_fold, "FOLD_BUDGET", budget)
+    monkeypatch.setattr(_fold, "SPILL_SHRINK", 1.0)  # spill whatever the spread
     data = grouped_data()
     names = list(data)
     out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
@@ -347,7 +348,7 @@ def test_global_other_mechanisms_see_4096_point_cells(spark, mechanism):
     choice), as on the grouped path: the release is the core mechanism on those cells'
     midpoints with the same seed. For ApproxQuantiles it is not the one on the pass-1 cells
     ``k >> 16`` (AggTree's 2**16 leaves put both inputs' points in the same leaves here)."""
-    from dpq_spark.core.mechanisms import get_mechanism
+    from dpq_spark.core.quantiles.mechanisms import get_mechanism
     from dpq_spark.spark import quantiles
 
     x = grouped_data()["outliers"]

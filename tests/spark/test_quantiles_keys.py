@@ -24,7 +24,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
-from dpq_spark.core.grid import Grid  # noqa: E402
+from dpq_spark.core.randomness.grid import Grid  # noqa: E402
 from dpq_spark import dp_quantiles  # noqa: E402
 from dpq_spark.spark._compat import SPARK_VERSION, create_dataframe  # noqa: E402
 from dpq_spark.spark._keys import KeyIndex, factorise, normalise, spark_order  # noqa: E402
@@ -413,9 +413,10 @@ def _keyed_params(**kw):
 
 def test_keyed_fold_counts_every_row_in_its_group_across_batches_and_merges(monkeypatch):
     from dpq_spark.spark import _release
-    from dpq_spark.spark._release import CELL
+    from dpq_spark.spark import _fold  # noqa: E402
+    from dpq_spark.spark._columns import CELL
 
-    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)  # force several merges of the fold
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 700)  # force several merges of the fold
     gen = np.random.default_rng(11)
     n = 6000
     kinds = [(BIG + 1, "a"), (BIG + 2, "a"), (None, "a"), (BIG + 1, None), (None, None)]
@@ -439,7 +440,7 @@ def test_keyed_fold_counts_every_row_in_its_group_across_batches_and_merges(monk
 
 
 def test_keyed_fold_tests_the_unit_count_not_the_row_count():
-    from dpq_spark.spark._release import CELL, UNITS
+    from dpq_spark.spark._columns import CELL, UNITS
 
     rows = 20
     table = pa.table({"k": pa.array([1] * rows + [2] * rows, pa.int64()),

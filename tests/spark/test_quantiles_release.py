@@ -12,12 +12,15 @@ import pytest
 
 pytest.importorskip("pandas")
 
-from dpq_spark.core._random import resolve_rng  # noqa: E402
-from dpq_spark.core._samplers import discrete_laplace  # noqa: E402
+from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
+from dpq_spark.core.randomness.samplers import discrete_laplace  # noqa: E402
 from dpq_spark.spark import _release  # noqa: E402
+from dpq_spark.spark import _columns  # noqa: E402
+from dpq_spark.spark import _fold  # noqa: E402
+from dpq_spark.spark import _packing  # noqa: E402
 from dpq_spark.spark._release import ReleaseParams  # noqa: E402
-from dpq_spark.core.coarse_bands import coarse_midpoints, coarse_of  # noqa: E402
-from dpq_spark.core.grid import Grid  # noqa: E402
+from dpq_spark.core.quantiles.coarse_bands import coarse_midpoints, coarse_of  # noqa: E402
+from dpq_spark.core.randomness.grid import Grid  # noqa: E402
 from dpq_spark.spark._selection import laplace_scale, selection_threshold  # noqa: E402
 
 
@@ -40,7 +43,7 @@ def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budge
     """Exact counts per (group, grid index) across batches and merges; past the budget, exact
     counts per (group, coarse cell) and the spill file gives back exact fine counts of the
     coarse cells asked for (chunks of raw codes, or of pairs when values are tied)."""
-    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)  # force several merges
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 700)  # force several merges
     gen = np.random.default_rng(0)
     gids = gen.integers(0, 5, 6000)
     k = np.where(gen.random(6000) < 0.5, gen.integers(0, 2**32 + 1, 6000),
@@ -48,7 +51,7 @@ def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budge
     if ties:  # 60 distinct values: every spilled chunk is stored as (code, count) pairs
         k = np.sort(np.unique(k))[:60][gen.integers(0, 60, 6000)]
     codes = (gids << 33) + k
-    fold = _release.Fold(budget, shrink=1.0)  # spill past the budget whatever the spread
+    fold = _fold.Fold(budget, shrink=1.0)  # spill past the budget whatever the spread
     try:
         for i in range(0, codes.size, 333):
             fold.add(codes[i:i + 333])
@@ -80,12 +83,12 @@ def test_fold_spills_only_when_coarse_counts_are_fewer(monkeypatch):
     """Past its budget a fold spills only if its coarse counts would be at most half its fine
     ones: values spread one per coarse cell keep exact counts (the budget doubles, as often as
     needed), values tied into few coarse cells spill. Either way the counts are exact."""
-    monkeypatch.setattr(_release, "_COMPACT_ROWS", 500)
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 500)
     gen = np.random.default_rng(4)
     spread = (gen.integers(0, 3, 5000) << 33) + 4096 * gen.choice(2**20, 5000, replace=False)
     dense = (gen.integers(0, 3, 5000) << 33) + 2**31 + gen.integers(0, 8 * 4096, 5000)
     for codes, spills in [(spread, False), (dense, True)]:
-        fold = _release.Fold(300)
+        fold = _fold.Fold(300)
         try:
             for i in range(0, codes.size, 250):
                 fold.add(codes[i:i + 250])
@@ -105,37 +108,37 @@ def test_packed_rows_keep_every_groups_codes(monkeypatch, ties):
     group and at most _PACK_WIDTH codes, with counts when tied; unpacking any mix of its rows
     (rows of tied and of distinct chunks in one batch, as a shuffle delivers them) gives back
     every code with its multiplicity."""
-    monkeypatch.setattr(_release, "_PACK_ROWS", 1500)
+    monkeypatch.setattr(_packing, "_PACK_ROWS", 1500)
     gen = np.random.default_rng(5)
     gid = gen.integers(0, 6, 9000)
     k = gen.integers(0, 40, 9000) if ties else gen.integers(0, 2**32 + 1, 9000)
     k[:3000] = gen.integers(0, 3, 3000)  # the first chunks tied whatever ``ties``
     codes = (gid << 33) + k
-    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 700])], names=[_release.CODE])
+    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 700])], names=[_columns.CODE])
            for i in range(0, codes.size, 700)]
-    packed = list(_release.pack_partition(iter(raw), 1 << 33))
+    packed = list(_packing.pack_partition(iter(raw), 1 << 33))
     table = pa.Table.from_batches(packed)
-    assert table.schema.names == [_release.GID, _release.CODES, _release.COUNTS]
+    assert table.schema.names == [_columns.GID, _columns.CODES, _columns.COUNTS]
     shuffled = table.take(gen.permutation(table.num_rows)).combine_chunks()
     got = {}
     for batch in shuffled.to_batches(max_chunksize=97):
-        c, w = _release._unpacked(batch)
+        c, w = _packing.unpacked(batch)
         w = np.ones(c.size, dtype=np.int64) if w is None else w
-        assert np.all(c >> 33 == np.repeat(batch.column(_release.GID).to_numpy(),
-                                            _release._int64s(batch.column(_release.CODES))[1]))
+        assert np.all(c >> 33 == np.repeat(batch.column(_columns.GID).to_numpy(),
+                                            _packing.int64s(batch.column(_columns.CODES))[1]))
         for code, n in zip(c.tolist(), w.tolist()):
             got[code] = got.get(code, 0) + n
     want_codes, want_counts = np.unique(codes, return_counts=True)
     assert sorted(got) == want_codes.tolist()
     assert [got[c] for c in want_codes.tolist()] == want_counts.tolist()
-    lengths = _release._int64s(table.column(_release.CODES).combine_chunks())[1]
-    assert lengths.max() <= _release._PACK_WIDTH and lengths.min() >= 1
-    assert any(len(b.column(_release.COUNTS).buffers()[2] or b"") for b in packed)  # tied chunks
+    lengths = _packing.int64s(table.column(_columns.CODES).combine_chunks())[1]
+    assert lengths.max() <= _packing._PACK_WIDTH and lengths.min() >= 1
+    assert any(len(b.column(_columns.COUNTS).buffers()[2] or b"") for b in packed)  # tied chunks
     # large_binary offsets (Spark 4's arrow.useLargeVarTypes) read the same
-    big = shuffled.cast(pa.schema([table.schema.field(0), pa.field(_release.CODES, pa.large_binary()),
-                                   pa.field(_release.COUNTS, pa.large_binary())]))
+    big = shuffled.cast(pa.schema([table.schema.field(0), pa.field(_columns.CODES, pa.large_binary()),
+                                   pa.field(_columns.COUNTS, pa.large_binary())]))
     for small_batch, large_batch in zip(shuffled.to_batches(), big.to_batches()):
-        a, b = _release._unpacked(small_batch), _release._unpacked(large_batch)
+        a, b = _packing.unpacked(small_batch), _packing.unpacked(large_batch)
         assert np.array_equal(a[0], b[0])
         assert (a[1] is None) == (b[1] is None) and (a[1] is None or np.array_equal(a[1], b[1]))
 
@@ -145,7 +148,7 @@ def test_packing_with_a_key_lookup_numbers_listed_keys_and_drops_the_rest(monkey
     """pack_partition with ``keys``: each (key, grid index) row becomes the code of the key's
     place in the list, across chunks and for the key column's own Arrow type (the list is cast
     to it); unlisted and null keys are dropped; a chunk with no listed key packs nothing."""
-    monkeypatch.setattr(_release, "_PACK_ROWS", 1000)
+    monkeypatch.setattr(_packing, "_PACK_ROWS", 1000)
     gen = np.random.default_rng(6)
     listed = [40, -7, 3, 2**20]
     pool = listed + [5, 6]  # 5 and 6 are not listed
@@ -157,15 +160,15 @@ def test_packing_with_a_key_lookup_numbers_listed_keys_and_drops_the_rest(monkey
                          for v in values], type=key_type)
     key = as_key([pool[p] if p < len(pool) else None for p in picks.tolist()])
     rows = [pa.RecordBatch.from_arrays([key.slice(i, 600), pa.array(k[i:i + 600])],
-                                       names=["key", _release.CELL])
+                                       names=["key", _columns.CELL])
             for i in range(0, picks.size, 600)]
     keys = as_key(listed).cast(pa.string() if pa.types.is_large_string(key_type) else pa.int64())
-    packed = list(_release.pack_partition(iter(rows), 1 << 33, keys=keys))
-    got = np.sort(np.concatenate([_release._unpacked(b)[0] for b in packed]))
+    packed = list(_packing.pack_partition(iter(rows), 1 << 33, keys=keys))
+    got = np.sort(np.concatenate([_packing.unpacked(b)[0] for b in packed]))
     kept = picks < len(listed)  # pool[i] is listed[i]: its place in the list is i
     want = np.sort(picks[kept].astype(np.int64) * (1 << 33) + k[kept])
     assert np.array_equal(got, want)
-    assert all(_release._unpacked(b)[1] is None for b in packed)  # distinct codes here
+    assert all(_packing.unpacked(b)[1] is None for b in packed)  # distinct codes here
 
 
 def dlap_tail(k, scale):
@@ -214,22 +217,22 @@ def test_new_key_released_with_probability_at_most_delta(groups):
 def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
     """Public-key path: one int64 code = key index * 2**33 + grid index per row, packed per
     group (pack_partition); spilled or not, each key index is released from its own rows."""
-    monkeypatch.setattr(_release, "_COMPACT_ROWS", 700)
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 700)
     gen = np.random.default_rng(3)
     gids = gen.integers(0, 7, 4000)
     k = 5000 * (gids + 1) + gen.integers(0, 3, 4000)  # each group within a few grid points
     codes = (gids << 33) + k
-    monkeypatch.setattr(_release, "_PACK_ROWS", 1000)  # several packed chunks per group
-    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 450])], names=[_release.CODE])
+    monkeypatch.setattr(_packing, "_PACK_ROWS", 1000)  # several packed chunks per group
+    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 450])], names=[_columns.CODE])
            for i in range(0, 4000, 450)]
-    batches = list(_release.pack_partition(iter(raw), 1 << 33))
-    params = _params(keys=("g",), extra_columns=(_release.CODE,), epsilon=1e4,
+    batches = list(_packing.pack_partition(iter(raw), 1 << 33))
+    params = _params(keys=("g",), extra_columns=(_columns.CODE,), epsilon=1e4,
                      fold_budget=budget, spill_shrink=1.0)
     out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params))).to_pandas()
-    assert list(out.columns) == [_release.GID, "value", "mechanism"]  # one row per group
+    assert list(out.columns) == [_columns.GID, "value", "mechanism"]  # one row per group
     assert set(out["mechanism"]) == {"joint_exp"}
-    assert out[_release.GID].tolist() == list(range(7))
-    for g, value in zip(out[_release.GID], out["value"]):
+    assert out[_columns.GID].tolist() == list(range(7))
+    for g, value in zip(out[_columns.GID], out["value"]):
         assert [GRID.value(np.median(k[gids == g]))] == list(value)
 
 
@@ -238,7 +241,7 @@ def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
 
 
 def _fold_of(groups):
-    fold = _release.Fold(1 << 22)
+    fold = _fold.Fold(1 << 22)
     for gid, k in enumerate(groups):
         fold.add((np.int64(gid) << 33) + np.asarray(k, dtype=np.int64))
     fold.finish()
@@ -289,7 +292,7 @@ def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
     huge epsilon (AggTree), the same release as the core mechanism on those points, and not
     the one on the exact indices."""
     from dpq_spark.core import MECHANISMS
-    from dpq_spark.core.batch import release_many
+    from dpq_spark.core.quantiles.batch import release_many
 
     gen = np.random.default_rng(8)
     # 80 rows in 80 distinct coarse cells: more than release_many's 64-point small path, so
@@ -351,7 +354,7 @@ def test_spilled_unseeded_joint_exp_groups_are_released_together(monkeypatch, he
     in the gap (or point) of its group's data whose rank fits, so they must agree on those
     positions; a mix-up of groups (rows or cells) would not. With ``held`` the groups' cells are
     built and sampled a few groups at a time (CELLS_HELD), with the same outcome."""
-    from dpq_spark.core import batch
+    from dpq_spark.core.quantiles import batch
 
     if held is not None:
         monkeypatch.setattr(batch, "CELLS_HELD", held)
@@ -361,11 +364,11 @@ def test_spilled_unseeded_joint_exp_groups_are_released_together(monkeypatch, he
     calls = []
     real = batch._joint_many
     monkeypatch.setattr(batch, "_joint_many", lambda cells, *a, **kw: calls.append(len(cells)) or real(cells, *a, **kw))
-    monkeypatch.setattr(_release, "_COMPACT_ROWS", 100)
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 100)
     q = (0.1, 0.5, 0.9)
 
     def run(**kw):
-        fold = _release.Fold(8, shrink=1.0)
+        fold = _fold.Fold(8, shrink=1.0)
         for gid, k in enumerate(groups):
             fold.add((np.int64(gid) << 33) + np.asarray(k, dtype=np.int64))
         fold.finish()

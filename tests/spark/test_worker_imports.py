@@ -17,7 +17,7 @@ def test_the_release_module_imports_no_scipy_pandas_or_driver_modules():
         new = sorted(set(sys.modules) - before)
         heavy = [m for m in new if m.split(".")[0] in {"scipy", "pandas"}
                  or m in {"dpq_spark.spark.quantiles", "dpq_spark.spark.median_session",
-                          "dpq_spark.core.median_mechanism", "dpq_spark.core.planner"}]
+                          "dpq_spark.core.interactive.median_mechanism", "dpq_spark.core.interactive.planner"}]
         print(heavy)
         """
     )

@@ -1,0 +1,780 @@
+"""Quantiles of many disjoint groups in one call: each group's own mechanism, at small-group cost.
+
+:func:`release_many` releases every group with exactly the distribution of calling the group's
+mechanism on that group alone (:func:`dpq_spark.core.auto`, :func:`~dpq_spark.core.joint_exp`,
+:func:`~dpq_spark.core.ind_exp`, :func:`~dpq_spark.core.approx_quantiles`,
+:func:`~dpq_spark.core.agg_tree` or :func:`~dpq_spark.core.histogram`, with given bounds and the
+default granularity), all draws
+independent. What it saves is work that does not change a distribution:
+
+- *Public arguments once.* ``epsilon``, ``quantiles``, the bounds (and the public
+  :class:`~dpq_spark.core.randomness.grid.Grid`), ``neighboring``, the mechanism, AggTree's shape and the
+  noise scales are checked and built once per call, not once per group; the private values and
+  counts of all groups are checked in one pass.
+- *One source of randomness.* One :class:`~dpq_spark.core.randomness.source.RandomSource` for the batch
+  (the OS generator in production) instead of one per group. Draws from one uniform source are
+  independent whatever their order, so the groups stay independent.
+- *Auto's noisy counts in one draw* (one discrete Laplace array for all groups), then the public
+  rule (:func:`~dpq_spark.core.quantiles.choose.choose_mechanism`) once per distinct noisy count.
+- *AggTree's noise in bulk* (the histogram is AggTree with one level): every group's node counts get their noise from one exact table
+  sampler (:mod:`dpq_spark.core.randomness.dlap_table`, 16 random bits a draw), the bottom-up pass of the
+  Honaker aggregation runs on all groups of a chunk at once, and its top-down pass and the
+  descent run for all groups and quantiles together on the visited nodes' children only (the
+  descent reads nothing else), with the same floating-point operations in the same order as
+  :func:`~dpq_spark.core.quantiles.agg_tree.honaker_aggregate` and ``_descend``, reproducing
+  :func:`numpy.searchsorted`'s binary search step for step (the aggregated counts may be
+  negative, so the cumulative sums need not be sorted). The same noise gives the same numbers.
+- *JointExp on few cells by enumeration.* A group whose mid-rank cells (those of
+  :mod:`dpq_spark.core.quantiles.joint_exp`: the gap before the first point, each point, each gap after a
+  tied point) number K, with ``C(K + m - 1, m) <= ENUMERATE_MAX`` nondecreasing cell sequences,
+  draws its sequence ``s`` directly with probability proportional to
+  ``exp(c u(s)) prod_runs C(w_i + k_i - 1, k_i)`` (``k_i`` outputs in a cell of ``w_i`` grid
+  points; ``u`` the JointExp utility on the cells' mid-ranks), with
+  :func:`~dpq_spark.core.randomness.grid.draw_index`, then a uniform multiset of grid points in every run
+  (:func:`~dpq_spark.core.randomness.grid.uniform_multiset`). This is the exponential mechanism over sorted
+  grid tuples that :func:`~dpq_spark.core.joint_exp_indices` samples (each tuple's weight
+  ``exp(c u)`` depends on its cells only, and a cell holding k outputs offers ``C(w + k - 1, k)``
+  multisets), without band pruning or run truncation. An empty group has one cell (the whole
+  grid): a uniform multiset of m grid points. All groups of up to ``_enumerable(m)`` rows are
+  enumerated together (padded cells; every sequence's log-weight for all groups with the same
+  number of cells at once; one exact draw per group with
+  :func:`~dpq_spark.core.randomness.grid.draw_index_rows`; the runs' multisets with
+  :func:`~dpq_spark.core.randomness.grid.uniform_multisets`). Larger groups get their cells one group at a
+  time; those with few cells are enumerated one at a time (:func:`_enumerate_one`), the others
+  all go through the core's batched sampler together
+  (:func:`~dpq_spark.core.quantiles.joint_exp_many._sample_many`: each group with exactly the distribution the
+  core's :func:`~dpq_spark.core.joint_exp_indices` gives it alone).
+- *IndExp and ApproxQuantiles* on at most 64 rows draw for all such groups at once: IndExp each
+  quantile, ApproxQuantiles each node of its recursion (whose shape is public and the same for
+  every group), with the core's cells and float64 log-weight expression and exact draws
+  (:func:`_exp_rows`); larger groups call the cores' samplers on the snapped data, with the
+  core's very draws.
+- *draw_index* (:mod:`dpq_spark.core.randomness.grid`) draws from short weight lists in plain Python, with
+  the same draws as before (this speeds up the per-group core mechanisms too).
+
+Branches on private data. Which path a group takes (batched enumeration, per-group enumeration or
+the core's JointExp sampler; batched draws or the core's objects for IndExp and ApproxQuantiles)
+depends on its size, which is private; every path samples the same distribution: the batched
+IndExp and ApproxQuantiles draws use the core's cells and log-weights and are exact for those
+float64 weights, as the core's are. For JointExp both paths sample the exponential mechanism over grid
+tuples from float64 weights with exact draws: the enumerated log-weight of a sequence takes at
+most ``6 m + 6`` correctly rounded operations (differences, absolute values, logs, sums) on
+numbers of magnitude at most ``M = 3 c n + m log(N + m) + 800`` (absolute error below the
+``gamma = 16 m 2**-52 M`` of
+:mod:`dpq_spark.core.quantiles.joint_exp`, "Guarantee as implemented"), one exact draw
+(:func:`draw_index` or :func:`~dpq_spark.core.randomness.grid.draw_index_rows`) picks the sequence and the
+multisets are exact, so each output's probability is within ``exp(theta)`` of the exact mechanism's, with the core's ``theta``; the core's sampler is within ``exp(theta)`` of
+its band-pruned target, ``2**-60`` in total variation from the exact mechanism. Whichever path a
+dataset and its neighbour take, the release is therefore ``(epsilon + eta, delta)``-DP with the
+core's ``eta = 2 theta`` and ``delta`` (the guarantee stated for :func:`~dpq_spark.core.joint_exp`).
+
+Seeds. With a seeded ``numpy.random.Generator`` the whole batch is reproducible, but a group's
+draws depend on its place in the batch and on the other groups (they share one stream). The
+per-key reproducibility of the Spark layer (``_group_rng``) is not kept; production
+(``rng=None``) has no seed at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from dpq_spark.core.randomness.dlap_table import dlap_table
+from dpq_spark.core.randomness.source import resolve_rng
+from dpq_spark.core.randomness.samplers import dlap_scale
+from dpq_spark.core.quantiles._sorted_data import sort_data
+from dpq_spark.core.quantiles.coarse_bands import coarse_midpoints, coarse_of
+from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
+from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS
+from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
+from dpq_spark.core.quantiles.approx_quantiles import _sensitivity as _approx_sensitivity
+from dpq_spark.core.quantiles.approx_quantiles import recursion_depth
+from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
+from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.randomness.grid import Grid, draw_index, draw_index_rows, uniform_multiset, uniform_multisets
+from dpq_spark.core.quantiles.joint_exp import _grid_cells
+from dpq_spark.core.quantiles.joint_exp_many import CELLS_HELD
+from dpq_spark.core.quantiles.joint_exp_many import _sample_many as _joint_many
+from dpq_spark.core.accounting.neighboring import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
+from dpq_spark.core.quantiles.single_quantile import GridCells
+
+__all__ = ["release_many", "BatchRelease", "FlatGroups", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
+
+#: The mechanisms :func:`release_many` runs (``"auto"`` picks among the others).
+BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram")
+_COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", "histogram")  # coarse_cells=True: coarse cells
+#: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
+#: up to three distinct points without ties).
+ENUMERATE_MAX = 4096
+_SMALL_POINTS = 64  # IndExp / ApproxQuantiles groups with at most this many rows draw together
+_CHUNK_NODES = 1 << 21  # AggTree: about this many node counts per chunk of groups (16 MiB each)
+
+
+class FlatGroups(NamedTuple):
+    """Many groups in three arrays, as a fold holds them: group ``g`` is ``values[bounds[g]:
+    bounds[g + 1]]`` with ``counts`` over the same slice (``None``: one each). ``bounds`` starts
+    at 0, never decreases and ends at ``len(values)``. :func:`release_many` checks it with array
+    operations only, where a sequence of pairs costs a Python step per group."""
+
+    values: np.ndarray
+    counts: np.ndarray | None
+    bounds: np.ndarray
+
+
+class BatchRelease(NamedTuple):
+    """What :func:`release_many` returns.
+
+    Attributes
+    ----------
+    values : numpy.ndarray
+        Shape ``(G, m)``, float64: row g holds group g's m sorted estimates in ``[lower, upper]``.
+    mechanisms : list of str
+        The mechanism that ran for each group (for ``"auto"``, the one it picked).
+    """
+
+    values: np.ndarray
+    mechanisms: list
+
+
+def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_remove",
+                 mechanism="auto", rng=None, count_share=DEFAULT_COUNT_SHARE, branching=16,
+                 height=4, grid_indices=False, coarse_cells=False) -> BatchRelease:
+    """Release the quantiles of many disjoint groups, each with its mechanism's own distribution.
+
+    Parameters
+    ----------
+    groups : sequence of (values, counts) pairs, or FlatGroups
+        One pair per group: ``values`` a 1-d array of floats (grid indices or cell midpoints
+        as floats are fine), ``counts`` their non-negative integer multiplicities (same length)
+        or None (one each). A group may be empty. Values are clamped to ``[lower, upper]``; NaN
+        is an error. :class:`FlatGroups` holds the same in three arrays (no Python step per
+        group).
+    quantiles : array_like of float
+        Strictly increasing, each in (0, 1); the same m for every group.
+    epsilon : float
+        Each group's budget, finite and > 0.
+    lower, upper : float
+        Public, finite bounds with ``lower < upper``; releases lie on the default grid
+        ``Grid(lower, upper)`` (2**32 steps), as in the per-group core mechanisms.
+    neighboring : {"add_remove", "swap"} or NeighboringRelation
+    mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram"}
+        ``"auto"`` (default) is :func:`dpq_spark.core.auto` per group: under add/remove a noisy
+        count with ``count_share * epsilon``, then the public rule.
+    rng : numpy.random.Generator, RandomSource or None
+        ``None`` (production): the OS cryptographic generator, one source for the whole batch.
+        A seeded generator (tests, experiments) makes the batch reproducible as a whole (module
+        notes).
+    count_share : float
+        Share of epsilon for auto's noisy count (add/remove only), in (0, 1), default 0.05.
+    branching, height : int
+        AggTree's tree (defaults 16 and 4, as :func:`~dpq_spark.core.agg_tree`). The
+        histogram always has its default 16 bins.
+    grid_indices : bool
+        ``True``: every group's first array holds integer indices ``0..N`` of
+        ``Grid(lower, upper)`` (e.g. computed by Spark) instead of values. The grid mechanisms
+        use them as they are; AggTree gets their grid values ``Grid.value(k)`` (whose snap is k
+        again), exactly as the core mechanisms called on those values.
+    coarse_cells : bool
+        Only with ``grid_indices=True``: groups whose mechanism is ApproxQuantiles or AggTree
+        get every index ``k`` moved to its coarse cell's representative index
+        (:func:`dpq_spark.core.quantiles.coarse_bands.coarse_midpoints` of ``k >> 12``), a per-record map
+        of public constants, as the Spark layer feeds those two mechanisms; JointExp and IndExp
+        keep the exact indices. The choice is made after auto's noisy count, per group.
+
+    Returns
+    -------
+    BatchRelease
+        ``values`` of shape ``(G, m)`` and the mechanism name of each group.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it (never echoing private values); raised before any draw.
+
+    Privacy
+    -------
+    Each group's release is its mechanism's: ``epsilon``-DP (pure) under ``neighboring``, one
+    row (one unit of a group's counts) as the unit, with the implementation's ``eta``/``delta``
+    of :mod:`dpq_spark.core.quantiles.joint_exp` for the exponential-mechanism samplers (``"auto"``: the
+    noisy count and the chosen mechanism compose to ``epsilon``). The groups hold disjoint rows
+    and their draws are independent, so by parallel composition the whole batch is
+    ``epsilon``-DP when one row lies in at most one group; a unit contributing rows to several
+    groups needs the caller's scaling (group privacy), as in ``dp_quantiles``. Assumes the
+    bounds, quantiles, epsilon, mechanism and the list of groups (the keys) are public; the
+    group sizes are private and never leave a mechanism: auto branches only on its noisy
+    count, and the other branches (enumeration or the core's sampler, chunking) sample the same
+    distribution.
+    """
+    eps = check_epsilon(epsilon)
+    q = check_quantiles(quantiles)
+    grid = Grid(lower, upper)  # checks `lower` and `upper`
+    relation = NeighboringRelation.parse(neighboring)
+    if not isinstance(mechanism, str) or mechanism not in BATCH_MECHANISMS:
+        allowed = ", ".join(repr(k) for k in BATCH_MECHANISMS)
+        raise DPQValueError(f"`mechanism` must be one of {allowed}, got {mechanism!r}")
+    share = _check_share(count_share, "count_share")
+    b = check_positive_int(branching, "branching", minimum=2)
+    h = check_positive_int(height, "height", minimum=1)
+    if b**h > _MAX_LEAVES:
+        raise DPQValueError(f"`branching`**`height` must be <= 2**24 leaves, got {b}**{h}")
+    if not isinstance(grid_indices, bool):
+        raise TypeError(f"`grid_indices` must be True or False, got {grid_indices!r}")
+    if not isinstance(coarse_cells, bool):
+        raise TypeError(f"`coarse_cells` must be True or False, got {coarse_cells!r}")
+    if coarse_cells and not grid_indices:
+        raise DPQValueError("`coarse_cells` needs grid_indices=True")
+    x, counts, bounds = _check_groups(groups)
+    if grid_indices:
+        if np.any(x != np.floor(x)) or np.any(x < 0) or np.any(x > grid.steps):
+            raise DPQValueError(f"`groups` must hold grid indices in [0, {grid.steps}] with grid_indices=True")
+        snapped = x.astype(np.int64)
+        x = None  # their grid values, computed below if a mechanism needs them
+    else:
+        snapped = None
+    source = resolve_rng(rng)
+
+    G, m = bounds.size - 1, int(q.size)
+    cum = np.concatenate(([0], np.cumsum(counts)))
+    n = cum[bounds[1:]] - cum[bounds[:-1]]  # private: used inside the mechanisms only
+    if mechanism == "auto":
+        names, mech_eps = _auto_names(n, m, eps, relation, share, source)
+    else:
+        names, mech_eps = [mechanism] * G, eps
+    values = np.empty((G, m), dtype=np.float64)
+    if G == 0:
+        return BatchRelease(values, names)
+    if snapped is None:
+        snapped = grid.snap(x)
+    coarse_x = coarse_k = None
+    if coarse_cells and any(name in _COARSE_MECHANISMS for name in names):
+        coarse_k = coarse_midpoints(coarse_of(snapped), grid.steps)
+        coarse_x = grid.value(coarse_k)
+    by_name: dict[str, list[int]] = {}
+    for g, name in enumerate(names):
+        by_name.setdefault(name, []).append(g)
+    for name, members in by_name.items():
+        members = np.asarray(members, dtype=np.int64)
+        coarse = coarse_x is not None and name in _COARSE_MECHANISMS
+        if name in ("agg_tree", "histogram"):  # the histogram is a one-level tree
+            shape = (b, h) if name == "agg_tree" else (HISTOGRAM_BINS, 1)
+            if x is None and not coarse:
+                x = grid.value(snapped)
+            values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,
+                                         mech_eps, grid, relation, *shape, source)
+            continue
+        if name == "joint_exp":
+            values[members] = grid.value(_joint_exps(snapped, counts, bounds, members, q, mech_eps,
+                                                     relation, grid.size, source))
+            continue
+        if name == "approx_quantiles":
+            values[members] = grid.value(_approx_many(coarse_k if coarse else snapped, counts,
+                                                      bounds, members, q, mech_eps, relation,
+                                                      grid.size - 1, source))
+            continue
+        values[members] = grid.value(_ind_exp_many(snapped, counts, bounds, members, q, mech_eps,
+                                                   relation, grid.size, source))  # ind_exp
+    return BatchRelease(values, names)
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _check_groups(groups):
+    """All groups' values and counts concatenated, and the group boundaries (checked once)."""
+    if isinstance(groups, FlatGroups):
+        x = check_values(groups.values, "groups")
+        counts = (np.ones(x.size, dtype=np.int64) if groups.counts is None
+                  else check_counts(groups.counts, x.size, "groups' counts"))
+        bounds = np.asarray(groups.bounds)
+        if (bounds.ndim != 1 or bounds.size == 0 or bounds.dtype.kind not in "iu"
+                or bounds[0] != 0 or bounds[-1] != x.size or np.any(np.diff(bounds) < 0)):
+            raise DPQValueError("`groups` bounds must be nondecreasing integers from 0 to the "
+                                "number of values")
+        return x, counts, bounds.astype(np.int64)
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__len__"):
+        raise TypeError("`groups` must be a sequence of (values, counts) pairs")
+    xs, cs, sizes = [], [], []
+    for pair in groups:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError("`groups` must be a sequence of (values, counts) pairs")
+        v = np.asarray(pair[0], dtype=np.float64) if not isinstance(pair[0], np.ndarray) else pair[0]
+        if v.ndim != 1:
+            raise DPQValueError("`groups` values must be 1-d arrays")
+        c = np.ones(v.size, dtype=np.int64) if pair[1] is None else np.asarray(pair[1])
+        if c.ndim != 1 or c.size != v.size:
+            raise DPQValueError("`groups` counts must be 1-d with the length of their values")
+        xs.append(v)
+        cs.append(c)
+        sizes.append(v.size)
+    x = check_values(np.concatenate(xs) if xs else np.zeros(0), "groups")
+    counts = check_counts(np.concatenate(cs) if cs else np.zeros(0, dtype=np.int64), x.size,
+                          "groups' counts")
+    bounds = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64)))).astype(np.int64)
+    return x, counts, bounds
+
+
+def _auto_names(n, m, eps, relation, share, source):
+    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon."""
+    if relation is NeighboringRelation.SWAP:
+        n_used, rest = n, eps
+    else:
+        noisy = n + dlap_table(dlap_scale(1, share * eps)).sample(source, n.size)
+        n_used, rest = np.maximum(noisy, 0), (1.0 - share) * eps
+    choice = {int(v): choose_mechanism(m, n=float(v), epsilon=rest) for v in np.unique(n_used)}
+    return [choice[int(v)] for v in n_used], rest
+
+
+# --------------------------------------------------------------------------------------------
+# JointExp
+
+
+@functools.lru_cache(maxsize=512)
+def _sequences(K: int, m: int):
+    """All nondecreasing sequences of m cells of ``0..K-1`` (shape (S, m)), each output's place
+    in its run of equal cells minus one (float64) and ``log`` of its place."""
+    seqs = np.array(list(itertools.combinations_with_replacement(range(K), m)), dtype=np.int64)
+    seqs = seqs.reshape(-1, m)
+    before = np.zeros(seqs.shape, dtype=np.float64)  # outputs before this one in its run
+    for j in range(1, m):
+        before[:, j] = np.where(seqs[:, j] == seqs[:, j - 1], before[:, j - 1] + 1.0, 0.0)
+    return seqs, before, np.log(before + 1.0)
+
+
+def _enumerate_one(cells, q, c, source) -> np.ndarray:
+    """One JointExp draw (m sorted grid indices) for one group's ``cells``
+    (:func:`~dpq_spark.core.quantiles.joint_exp._grid_cells`), few enough to enumerate every sequence."""
+    start, width, _, pos, n = cells
+    m = q.size
+    seqs, before, log_place = _sequences(int(width.size), m)
+    targets = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
+    ranks = pos[seqs]
+    gaps = np.diff(ranks, axis=1, prepend=0.0, append=float(n))
+    util = -np.abs(gaps - targets).sum(axis=1)
+    # log C(w + k - 1, k) of a run = sum over its outputs of log((w + place - 1) / place)
+    log_mult = (np.log(width[seqs] + before) - log_place).sum(axis=1)
+    seq = seqs[draw_index(c * util + log_mult, source)]
+    out = np.empty(m, dtype=np.int64)
+    j = 0
+    while j < m:  # one uniform multiset of grid points per run of equal cells
+        i = int(seq[j])
+        run = int(np.searchsorted(seq, i, side="right")) - j
+        out[j:j + run] = int(start[i]) + uniform_multiset(source, int(width[i]), run)
+        j += run
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _enumerable(m: int) -> int:
+    """The most cells K whose ``C(K + m - 1, m)`` sequences are enumerated (at least 1)."""
+    K = 1
+    while math.comb(K + m, m) <= ENUMERATE_MAX:
+        K += 1
+    return K
+
+
+def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> np.ndarray:
+    """JointExp grid indices for the groups ``members`` (shape ``(len(members), m)``).
+
+    Groups with few enough cells to enumerate are drawn together: their cells (those of
+    :func:`~dpq_spark.core.quantiles.joint_exp._grid_cells`, computed on padded arrays), the log-weights of
+    every sequence (the expression of :func:`_enumerate_one`, on all groups with the same number
+    of cells at once), one exact draw per group (:func:`~dpq_spark.core.randomness.grid.draw_index_rows`)
+    and the uniform multisets of the runs (:func:`~dpq_spark.core.randomness.grid.uniform_multisets`). Of
+    the others, those with few cells are enumerated one at a time (:func:`_enumerate_one`) and
+    the rest released together by :func:`~dpq_spark.core.quantiles.joint_exp_many._sample_many`. Every path
+    samples the exponential mechanism over grid tuples of the core's
+    :func:`~dpq_spark.core.joint_exp_indices` (module docstring, "Branches on private data").
+    """
+    m, G = q.size, members.size
+    c = eps / (2.0 * joint_exp_sensitivity(q, relation))
+    out = np.empty((G, m), dtype=np.int64)
+    # a group with more rows than the cells that can be enumerated: its own cells, below
+    pick, pts, mul, d, slow = _distinct_rows(k, counts, bounds, members, _enumerable(m))
+    if pick.size:
+        done, draws = _enumerate_cells(pts, mul, d, q, c, size, source)
+        slow = np.sort(np.concatenate([slow, pick[~done]]))
+        out[pick[done]] = draws
+    many, cells_list, held = [], [], 0
+    for g in slow.tolist():
+        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+        cells = _grid_cells(k[lo:hi], counts[lo:hi], size)
+        if math.comb(cells[1].size + m - 1, m) <= ENUMERATE_MAX:
+            out[g] = _enumerate_one(cells, q, c, source)
+            continue
+        many.append(g)
+        cells_list.append(cells)
+        held += cells[1].size
+        if held >= CELLS_HELD:  # sample these before building more (groups are independent)
+            out[many] = _joint_many(cells_list, q, c, size, source)
+            many, cells_list, held = [], [], 0
+    if many:
+        out[many] = _joint_many(cells_list, q, c, size, source)
+    return out
+
+
+def _member_rows(bounds, members):
+    """``(local, rows)``: for every row of the groups ``members`` (in order), its group's place in
+    ``members`` and its index into the concatenated values."""
+    sizes = bounds[members + 1] - bounds[members]
+    local = np.repeat(np.arange(members.size), sizes)
+    rows = np.arange(local.size) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(bounds[members], sizes)
+    return local, rows
+
+
+def _padded_cells(pts, mul, d, first, stop):
+    """The cells of :func:`~dpq_spark.core.quantiles.joint_exp._grid_cells` and ``GridCells.of`` (the gap
+    before the first point, each point, the gap after a tied point; mid-ranks), for every row
+    at once: row g's data are its first ``d_g`` sorted distinct points ``pts[g]`` with
+    multiplicities ``mul[g]``, on grid points ``first_g .. stop_g - 1``. Returns ``(widths,
+    starts, ranks, n)``, shape ``(G, 2 D + 1)`` in slot order (gap, then point and gap per
+    point); empty slots, and the slots of padding, have width 0."""
+    G, D = pts.shape
+    col = np.arange(D)[None, :]
+    valid = col < d[:, None]
+    t = np.where(valid, mul, 0)
+    n = t.sum(axis=1)
+    below = np.cumsum(t, axis=1) - t
+    nxt = np.where(col + 1 < d[:, None], np.roll(pts, -1, axis=1), stop[:, None])
+    single = t == 1
+    widths = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    starts = np.zeros((G, 2 * D + 1), dtype=np.int64)
+    ranks = np.zeros((G, 2 * D + 1), dtype=np.float64)
+    widths[:, 0] = np.where(d > 0, pts[:, 0], stop) - first
+    starts[:, 0] = first
+    widths[:, 1::2] = np.where(valid, np.where(single, nxt - pts, 1), 0)
+    widths[:, 2::2] = np.where(valid & ~single, nxt - pts - 1, 0)
+    starts[:, 1::2], starts[:, 2::2] = pts, pts + 1
+    ranks[:, 1::2] = below + (t + 1) / 2.0  # joint_exp._tie_rank
+    ranks[:, 2::2] = (below + t).astype(np.float64)
+    return widths, starts, ranks, n
+
+
+def _distinct_rows(k, counts, bounds, members, D):
+    """The distinct sorted grid indices and multiplicities (zero counts dropped) of the groups
+    of at most ``D`` rows, as padded rows.
+
+    Returns ``(pick, pts, mul, d, rest)``: the positions in ``members`` of those groups, their
+    points and multiplicities (shape ``(len(pick), w)``, zero-padded, ``w`` the most points of
+    any of them, at most ``D``), their numbers of points,
+    and the positions of the other groups (more than ``D`` rows: the callers' per-group path,
+    which samples the same distribution).
+    """
+    sizes = bounds[members + 1] - bounds[members]
+    pick, rest = np.flatnonzero(sizes <= D), np.flatnonzero(sizes > D)
+    local, rows = _member_rows(bounds, members[pick])
+    kk, cc = k[rows], counts[rows]
+    live = cc > 0
+    local, kk, cc = local[live], kk[live], cc[live]
+    order = np.lexsort((kk, local))
+    local, kk, cc = local[order], kk[order], cc[order]
+    first = np.flatnonzero(np.r_[True, (local[1:] != local[:-1]) | (kk[1:] != kk[:-1])]) if kk.size \
+        else np.zeros(0, dtype=np.int64)
+    dg, distinct = local[first], kk[first]
+    mult = np.add.reduceat(cc, first) if first.size else np.zeros(0, dtype=np.int64)
+    d = np.bincount(dg, minlength=pick.size)
+    col = np.arange(dg.size) - (np.cumsum(d) - d)[dg]
+    # Rows as wide as the most points any of these groups has, not D: a padding slot is a cell
+    # of width 0 (weight 0, never drawn, no units of the envelope), so the draws are the same.
+    width = max(1, int(d.max(initial=0)))
+    pts = np.zeros((pick.size, width), dtype=np.int64)
+    mul = np.zeros((pick.size, width), dtype=np.int64)
+    pts[dg, col] = distinct
+    mul[dg, col] = mult
+    return pick, pts, mul, d, rest
+
+
+def _enumerate_cells(pts, mul, d, q, c, size, source):
+    """Cells of groups with ``d`` distinct sorted points ``pts`` (padded rows, multiplicities
+    ``mul``) and, for those that can be enumerated, one JointExp draw each. Returns
+    ``(enumerated mask, draws of the enumerated rows)``."""
+    G, D = pts.shape
+    m = q.size
+    widths, starts, poss, n = _padded_cells(pts, mul, d, np.zeros(G, dtype=np.int64),
+                                            np.full(G, size, dtype=np.int64))
+    keep = widths > 0
+    K = keep.sum(axis=1)
+    ok = np.array([math.comb(int(x) + m - 1, m) <= ENUMERATE_MAX for x in range(2 * D + 2)])[K]
+    order = np.argsort(~keep, axis=1, kind="stable")  # the kept cells first, in order
+    width = np.take_along_axis(widths, order, axis=1)
+    start = np.take_along_axis(starts, order, axis=1)
+    pos = np.take_along_axis(poss, order, axis=1)
+    draws = np.empty((int(ok.sum()), m), dtype=np.int64)
+    rows_ok = np.flatnonzero(ok)
+    targets = np.diff(np.concatenate(([0.0], q, [1.0])))
+    for cells in np.unique(K[ok]).tolist():
+        which = np.flatnonzero(K[rows_ok] == cells)
+        seqs, before, log_place = _sequences(cells, m)
+        chunk = max(1, (1 << 22) // (seqs.shape[0] * (m + 1)))
+        for lo in range(0, which.size, chunk):
+            part = which[lo:lo + chunk]
+            g = rows_ok[part]
+            wd, st, ps, nn = width[g, :cells], start[g, :cells], pos[g, :cells], n[g].astype(np.float64)
+            ranks = ps[:, seqs]
+            end = np.broadcast_to(nn[:, None, None], (g.size, seqs.shape[0], 1))
+            gaps = np.diff(ranks, axis=2, prepend=0.0, append=end)
+            util = -np.abs(gaps - (targets * nn[:, None])[:, None, :]).sum(axis=2)
+            log_mult = (np.log(wd[:, seqs] + before) - log_place).sum(axis=2)
+            seq = seqs[draw_index_rows(c * util + log_mult, source)]
+            draws[part] = _fill_runs(seq, np.take_along_axis(st, seq, axis=1),
+                                     np.take_along_axis(wd, seq, axis=1), source)
+    return ok, draws
+
+
+def _fill_runs(seq, start, width, source) -> np.ndarray:
+    """Grid points for sorted cell sequences: each run of k equal cells (``start``/``width`` of
+    its cell, per output) gets a uniform multiset of k of the cell's points."""
+    G, m = seq.shape
+    out = start.copy()
+    new = np.ones((G, m), dtype=bool)
+    new[:, 1:] = seq[:, 1:] != seq[:, :-1]
+    heads = np.flatnonzero(new.ravel())
+    length = np.diff(np.append(heads, G * m))
+    wide = width.ravel()[heads] > 1
+    flat = out.ravel()
+    for k in np.unique(length[wide]).tolist():
+        h = heads[wide & (length == k)]
+        points = uniform_multisets(source, width.ravel()[h], k)
+        flat[h[:, None] + np.arange(k)[None, :]] += points
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# IndExp
+
+
+def _ind_exp(data, q, eps, relation, size, source) -> np.ndarray:
+    """One IndExp draw: m independent single-quantile draws with ``eps / m`` each, sorted."""
+    cells = GridCells.of(data, 0, size)
+    each = eps / q.size
+    out = [cells.sample(float(v), each, single_quantile_sensitivity(float(v), relation), source)
+           for v in q]
+    return np.sort(np.array(out, dtype=np.int64))
+
+
+def _ind_exp_many(k, counts, bounds, members, q, eps, relation, size, source) -> np.ndarray:
+    """IndExp grid indices for the groups ``members`` (shape ``(len(members), m)``): groups with
+    at most ``_SMALL_POINTS`` rows draw each quantile for all of them at once
+    (:func:`_exp_rows`, ``eps / m`` each), larger groups run the core's sampler one at a time."""
+    out = np.empty((members.size, q.size), dtype=np.int64)
+    pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
+    if pick.size:
+        zeros = np.zeros(pick.size, dtype=np.int64)
+        stop = np.full(pick.size, size, dtype=np.int64)
+        each = eps / q.size
+        draws = [_exp_rows(pts, mul, zeros, d.astype(np.int64), zeros, stop, float(v), each,
+                           single_quantile_sensitivity(float(v), relation), source) for v in q]
+        out[pick] = np.sort(np.stack(draws, axis=1), axis=1)
+    for g in rest.tolist():
+        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+        out[g] = _ind_exp(sort_data(k[lo:hi], counts[lo:hi], 0, size - 1), q, eps, relation, size,
+                          source)
+    return out
+
+
+def _approx_many(k, counts, bounds, members, q, eps, relation, top, source) -> np.ndarray:
+    """ApproxQuantiles grid indices for the groups ``members`` (shape ``(len(members), m)``):
+    groups with at most ``_SMALL_POINTS`` rows run the recursion together, node by
+    node (:func:`_approx_rows`); larger groups run the core's sampler one at a time."""
+    out = np.empty((members.size, q.size), dtype=np.int64)
+    pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
+    if pick.size:
+        out[pick] = _approx_rows(pts, mul, d, q, eps, relation, top, source)
+    for g in rest.tolist():
+        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+        data = sort_data(k[lo:hi], counts[lo:hi], 0, top)
+        out[g] = _approx_sample(data, top, q, eps, relation, source)
+    return out
+
+
+def _approx_rows(pts, mul, d, q, eps, relation, top, source) -> np.ndarray:
+    """The recursion of ``approx_quantiles._sample_indices`` for many groups at once.
+
+    The recursion's shape (which quantile each node splits on, its epsilon and sensitivity)
+    is public and the same for every group; only the data and the draws differ. So every node
+    is one vectorised draw for all groups (:func:`_exp_rows`), each group's sub-problem being a
+    range ``[a, b)`` of its padded sorted points and a grid range ``[lo, hi]``, split at its
+    draw ``v`` exactly as the core splits it (points below ``v`` left, the others right).
+    """
+    G = pts.shape[0]
+    m = q.size
+    eps_level = eps / recursion_depth(m)
+    out = np.empty((G, m), dtype=np.int64)
+    col = np.arange(pts.shape[1])[None, :]
+    stack = [(np.zeros(G, dtype=np.int64), d.astype(np.int64), np.zeros(G, dtype=np.int64),
+              np.full(G, top, dtype=np.int64), q, np.arange(m), True)]
+    while stack:
+        a, b, lo, hi, qs, slots, is_top = stack.pop()
+        mid = qs.size // 2
+        q_star = float(qs[mid])
+        v = _exp_rows(pts, mul, a, b, lo, hi + 1, q_star, eps_level,
+                      _approx_sensitivity(q_star, relation, is_top), source)
+        out[:, slots[mid]] = v
+        inside = (col >= a[:, None]) & (col < b[:, None])
+        cut = a + (inside & (pts < v[:, None])).sum(axis=1)
+        if mid > 0:
+            stack.append((a, cut, lo, v, qs[:mid] / q_star, slots[:mid], False))
+        if mid + 1 < qs.size:
+            end = cut + (inside & (col >= cut[:, None]) & (pts <= hi[:, None])).sum(axis=1)
+            right_q = (qs[mid + 1:] - q_star) / (1.0 - q_star)
+            stack.append((cut, end, v, hi, right_q, slots[mid + 1:], False))
+    return np.sort(out, axis=1)
+
+
+def _exp_rows(pts, mul, a, b, first, stop, q, epsilon, sensitivity, source) -> np.ndarray:
+    """``GridCells.sample`` of :mod:`dpq_spark.core.quantiles.single_quantile` for every row at once: row g's data are the
+    points ``pts[g, a_g:b_g]`` (sorted, distinct, multiplicities ``mul``), its grid points
+    ``first_g .. stop_g - 1``; one exponential-mechanism draw of a grid index per row, from the
+    same cells and the same log-weight expression, sampled exactly
+    (:func:`~dpq_spark.core.randomness.grid.draw_index_rows`, then a uniform point of the cell)."""
+    D = pts.shape[1]
+    idx = np.minimum(a[:, None] + np.arange(D)[None, :], D - 1)  # row g's points a_g.. first
+    widths, starts, ranks, n = _padded_cells(np.take_along_axis(pts, idx, axis=1),
+                                             np.take_along_axis(mul, idx, axis=1), b - a,
+                                             first, stop)
+    scale = epsilon / (2.0 * sensitivity)
+    with np.errstate(divide="ignore"):  # empty slots: log 0 = -inf, weight 0
+        log_w = np.log(widths.astype(np.float64)) - scale * np.abs(ranks - q * n[:, None])
+    r = draw_index_rows(log_w, source)[:, None]
+    return (np.take_along_axis(starts, r, axis=1)[:, 0]
+            + source.below_array(np.take_along_axis(widths, r, axis=1)[:, 0]))
+
+
+# --------------------------------------------------------------------------------------------
+# AggTree
+
+
+def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, source) -> np.ndarray:
+    """AggTree for the groups ``members``, chunk by chunk: exact histograms, bulk noise, batched
+    aggregation and descent. Returns shape ``(len(members), m)``."""
+    swap = relation is NeighboringRelation.SWAP
+    table = dlap_table(dlap_scale(h * (2 if swap else 1), eps))
+    leaves = b**h
+    nodes = sum(b**level for level in range(1, h + 1))
+    per_chunk = max(1, _CHUNK_NODES // nodes)
+    lower, upper = grid.lower, grid.upper
+    out = np.empty((members.size, q.size), dtype=np.float64)
+    for lo in range(0, members.size, per_chunk):
+        chunk = members[lo:lo + per_chunk]
+        G = chunk.size
+        # Noise for every node of every tree of the chunk, then the exact counts added in place
+        # (node counts are whole numbers below 2**53, so float64 sums are exact integers).
+        noise = table.sample(source, G * nodes, dtype=np.float64)
+        noisy = [None]
+        used = 0
+        for level in range(1, h + 1):
+            noisy.append(noise[used:used + G * b**level].reshape(G, b**level))
+            used += G * b**level
+        local, rows = _member_rows(bounds, chunk)
+        if rows.size:
+            # the leaf of each value, as agg_tree's _leaf_histogram on the clamped values
+            v = np.clip(x[rows], lower, upper)
+            leaf = np.clip(np.floor((v - lower) / (upper - lower) * leaves).astype(np.int64), 0, leaves - 1)
+            weight = counts[rows].astype(np.float64)
+            for level in range(1, h + 1):
+                np.add.at(noisy[level], (local, leaf // b ** (h - level)), weight)
+        est = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
+        out[lo:lo + G] = grid.value(grid.snap(est))  # rounded to the grid, as agg_tree does
+    return out
+
+
+def _post_process(noisy, b, scale, root, q, lower, upper) -> np.ndarray:
+    """AggTree's post-processing of noisy node counts of shape ``(G, b**l)``, with exactly the
+    numbers of :func:`~dpq_spark.core.quantiles.agg_tree.agg_tree` per group: Honaker's bottom-up pass on
+    every node, then its top-down pass only on the children of the nodes the descent visits
+    (the descent reads nothing else), and the descent."""
+    qq = math.exp(-1.0 / float(scale))
+    variance = 2.0 * qq / (1.0 - qq) ** 2 if qq > 0.0 else 1.0
+    est = _aggregate_and_descend(noisy, b, variance, root, q, lower, upper)
+    return np.sort(np.clip(est, lower, upper), axis=1)
+
+
+def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndarray:
+    """:func:`~dpq_spark.core.quantiles.agg_tree.honaker_aggregate` then ``_descend`` for every group and
+    quantile, the same floating-point operations in the same order on the nodes that matter."""
+    height = len(noisy) - 1
+    G, m = noisy[height].shape[0], q.size
+    # Bottom-up (every node), as honaker_aggregate.
+    low = [None] * (height + 1)
+    var_low = np.zeros(height + 1)
+    low[height] = np.asarray(noisy[height], dtype=np.float64)
+    var_low[height] = variance
+    for level in range(height - 1, 0, -1):
+        child_sum = low[level + 1].reshape(G, -1, b).sum(axis=-1)
+        var_children = b * var_low[level + 1]
+        w = var_children / (variance + var_children)
+        low[level] = w * noisy[level] + (1.0 - w) * child_sum
+        var_low[level] = variance * var_children / (variance + var_children)
+    if root is None:
+        low[0] = low[1].reshape(G, -1, b).sum(axis=-1)
+        var_low[0] = b * var_low[1]
+    else:
+        low[0] = np.asarray(root, dtype=np.float64).reshape(G, 1)
+        var_low[0] = 0.0
+    # Top-down along the descent paths only.
+    var_high = np.inf if root is None else 0.0
+    high = np.broadcast_to(low[0][:, :1], (G, m)).copy()  # high of the current node, per path
+    node = np.zeros((G, m), dtype=np.int64)
+    left = np.full((G, m), float(lower))
+    width = np.full((G, m), float(upper) - float(lower))
+    share = np.broadcast_to(q, (G, m)).astype(np.float64)
+    going = np.ones((G, m), dtype=bool)
+    rows = np.arange(G)[:, None]
+    for level in range(1, height + 1):
+        if level == 1:  # every path is at the root: its children are the same for all m
+            kids_low = low[1][:, None, :]  # (G, 1, b), broadcast against (G, m) below
+            kids_noisy = np.asarray(noisy[1], dtype=np.float64)[:, None, :]
+        else:
+            kids = node[..., None] * b + np.arange(b)  # (G, m, b) node indices
+            kids_low = low[level][rows[..., None], kids]
+            kids_noisy = noisy[level][rows[..., None], kids].astype(np.float64)
+        if np.isinf(var_high):
+            kids_high, final, var_high = kids_noisy, kids_low, variance
+        else:
+            sibling_sum = kids_low.sum(axis=-1, keepdims=True)
+            from_above = high[..., None] - (sibling_sum - kids_low)
+            var_above = var_high + (b - 1) * var_low[level]
+            w_own = var_above / (variance + var_above)
+            kids_high = w_own * kids_noisy + (1.0 - w_own) * from_above
+            var_high = variance * var_above / (variance + var_above)
+            w_low = var_above / (var_low[level] + var_above)
+            final = w_low * kids_low + (1.0 - w_low) * from_above
+        # The descent step of agg_tree._descend on the children's final estimates.
+        cum = np.cumsum(final, axis=-1)
+        total = cum[..., -1]
+        going &= total > 0
+        if not going.any():
+            break
+        target = share * total
+        child = np.minimum(_searchsorted_left(cum, target), b - 1)
+        mine = np.take_along_axis(final, child[..., None], axis=-1)[..., 0]
+        before = np.take_along_axis(cum, child[..., None], axis=-1)[..., 0] - mine
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.minimum(np.maximum((target - before) / mine, 0.0), 1.0)
+        share = np.where(going, np.where(mine > 0, ratio, 0.5), share)
+        high = np.where(going, np.take_along_axis(kids_high, child[..., None], axis=-1)[..., 0], high)
+        node = np.where(going, node * b + child, node)
+        new_width = width / b
+        left = np.where(going, left + child * new_width, left)
+        width = np.where(going, new_width, width)
+    return left + share * width
+
+
+def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(a[i], key[i], side="left")`` for every row, step for step the binary
+    search numpy runs for one key, also on rows that are not sorted."""
+    lo = np.zeros(key.shape, dtype=np.int64)
+    hi = np.full(key.shape, a.shape[-1], dtype=np.int64)
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = lo + ((hi - lo) >> 1)
+        val = np.take_along_axis(a, np.minimum(mid, a.shape[-1] - 1)[..., None], axis=-1)[..., 0]
+        less = val < key
+        lo = np.where(open_ & less, mid + 1, lo)
+        hi = np.where(open_ & ~less, mid, hi)

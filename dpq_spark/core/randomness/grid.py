@@ -1,0 +1,354 @@
+"""The public grid every quantile release lands on, and exact draws on it.
+
+A :class:`Grid` on ``[a, b] = [lower, upper]`` with step ``g`` (``granularity``) has the points
+``a + k g`` for ``k = 0..N``, ``N = floor((b - a) / g)`` computed exactly on the rationals the
+float64 inputs stand for, except that a ratio within a relative ``2**-40`` of an integer is
+rounded to it (``Grid(0, 5, 0.01)`` has N = 500 although the double 0.01 is a little above 1/100;
+its last point ``min(b, a + N g)`` is then b). A value is clamped to ``[a, b]`` and snapped to
+
+    k = clip(floor((x - a) / g + 0.5), 0, N)
+
+evaluated in IEEE float64 (one subtraction, one division, one addition, one floor: every step
+correctly rounded, so the JVM, Spark's built-ins and numpy give the same k bit for bit). The map is
+applied to each record on its own, so it costs no privacy. A released number is always
+``value(k) = min(b, a + k g)`` (float64, a fixed function of the integer k).
+
+Extra error from the grid: a value moves by at most ``g / 2`` (plus float64 rounding of the
+formula), except in the last partial step ``(a + N g, b]`` when ``(b - a) / g`` is not an integer,
+where it moves by less than ``g``. The default ``g = (b - a) / 2**32`` makes this ``1.2e-10`` of
+the bounds' span.
+
+Ties: jitter inside a declared resolution. When the caller passes ``granularity`` explicitly, it
+declares the public resolution of the data and of the releases (0.01 for two-decimal ratings, 1
+for integer ages), and values sit in large tie blocks on that grid. A mechanism then runs on a
+finer internal grid of step ``g / S`` (``S = Grid.jitter``, ``2**16``, halved while
+``N S > 2**52``): each record's index k is moved, independently of every other record, to a
+uniform *fine index* in ``[k S - S/2, k S + S/2)`` intersected with ``[0, N S]``
+(:func:`jitter_indices`, exact integer draws), the mechanism draws fine indices, and each is
+rounded back to ``floor((f + S/2) / S)`` (:func:`round_indices`, the k whose fine cell holds f)
+before :meth:`Grid.value`. The t copies of a tied value v spread over v's fine cell, so an output
+whose rank falls anywhere inside v's block (its edges included) lies in v's cell and is released
+as v. With the default granularity no resolution was declared: ``Grid.jitter`` is 1 and
+nothing is jittered (ties are then handled by the mid-rank alone). The rule depends only on the
+arguments: jitter iff ``granularity`` is given and ``N <= 2**51``.
+
+Privacy of the jitter. Write ``J`` for the jitter and ``A`` for the mechanism on fine indices,
+(epsilon + eta, delta)-DP for add/remove or swap of one record. Neighbours share all records but
+one (x added or removed; or x swapped for x'). Fix the fine indices j of the shared records and
+y (y') of the odd one: ``j`` and ``j + y`` (``j + y`` and ``j + y'``) are neighbouring fine
+datasets, so ``P[A(j + y) in E] <= e^(epsilon + eta) P[A(j) in E] + delta`` and the other
+directions likewise. The jitters are independent of each other, so averaging these inequalities
+over y, y' and then j gives the same inequality for ``A(J(D))`` against ``A(J(D'))``. Hence the
+jittered mechanism has the guarantee, neighbouring relation and unit of the mechanism on the
+grid, and it would keep it even if every jitter were published. Rounding is post-processing.
+
+:func:`draw_index` draws an index with probability exactly proportional to given float64 weights
+(no float uniform, no cumulative sum), and :func:`uniform_multiset` a uniform multiset of grid
+points, both from exact integer draws of a :class:`~dpq_spark.core.randomness.source.RandomSource`.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from dpq_spark.core._validation import check_bounds, check_granularity
+
+__all__ = [
+    "Grid",
+    "MAX_GRID_STEPS",
+    "draw_index",
+    "draw_index_rows",
+    "uniform_multisets",
+    "jitter_indices",
+    "round_indices",
+    "uniform_multiset",
+]
+
+MAX_GRID_STEPS = 2**52  # N <= 2**52: indices, ranks and grid weights stay exact in float64
+_DEFAULT_STEPS = 2**32
+_JITTER_SCALE = 2**16  # S: fine points per declared grid step (a power of two; tests lower it)
+
+
+class Grid:
+    """A public grid ``a + k g``, ``k = 0..N``, on ``[lower, upper]``.
+
+    Parameters
+    ----------
+    lower, upper : float
+        Public, finite bounds with ``lower < upper``.
+    granularity : float, optional
+        The step g, finite and > 0, with ``(upper - lower) / g <= 2**52``. Default
+        ``(upper - lower) / 2**32`` (float64). Given explicitly, it declares the data's
+        resolution and switches on the jitter of ties (``jitter > 1``, module docstring).
+
+    Attributes
+    ----------
+    lower, upper, granularity : float
+    steps : int
+        ``N = floor((upper - lower) / granularity)``, exact (a ratio within ``2**-40`` of an
+        integer counts as that integer).
+    size : int
+        ``N + 1``, the number of grid points.
+    jitter : int
+        S, fine points per step for ties (module docstring): ``2**16`` (fewer when ``N`` is
+        large) when ``granularity`` is given, 1 (no jitter) for the default grid.
+    fine_size : int
+        ``N S + 1``, the number of points of the fine grid the mechanisms sample on.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it.
+
+    Examples
+    --------
+    >>> g = Grid(0.0, 5.0, 0.01)
+    >>> g.size, int(g.snap(3.576)), float(g.value(358))
+    (501, 358, 3.58)
+    """
+
+    __slots__ = ("lower", "upper", "granularity", "steps", "size", "jitter", "fine_size")
+
+    def __init__(self, lower, upper, granularity=None):
+        a, b = check_bounds(lower, upper)
+        if granularity is None:
+            g = (b - a) / _DEFAULT_STEPS
+        else:
+            g = check_granularity(granularity)
+        if not (g > 0.0 and math.isfinite(g)):  # default on a tiny span: subnormal underflow
+            raise ValueError(f"`granularity` must be finite and > 0, got {granularity!r}")
+        ratio = (Fraction(b) - Fraction(a)) / Fraction(g)  # exact
+        steps = math.floor(ratio)
+        nearest = round(ratio)
+        if abs(ratio - nearest) <= ratio * Fraction(1, 2**40):
+            steps = nearest  # a decimal step (0.01 is not a double) still reaches `upper`
+        if steps > MAX_GRID_STEPS:
+            raise ValueError(
+                f"`granularity` must give at most 2**52 steps on [lower, upper], got {granularity!r}"
+            )
+        self.lower, self.upper, self.granularity = a, b, g
+        self.steps = int(steps)
+        self.size = self.steps + 1
+        jitter = 1
+        if granularity is not None:  # a declared resolution: jitter ties inside it
+            jitter = _JITTER_SCALE
+            while jitter > 1 and self.steps * jitter > MAX_GRID_STEPS:
+                jitter //= 2
+            if jitter < 2:
+                jitter = 1
+        self.jitter = int(jitter)
+        self.fine_size = self.steps * self.jitter + 1
+
+    def __repr__(self) -> str:
+        return f"Grid(lower={self.lower!r}, upper={self.upper!r}, granularity={self.granularity!r})"
+
+    def snap(self, x) -> np.ndarray:
+        """Grid index of each value: ``clip(floor((clamp(x) - a) / g + 0.5), 0, N)`` (int64)."""
+        x = np.clip(np.asarray(x, dtype=np.float64), self.lower, self.upper)
+        k = np.floor((x - self.lower) / self.granularity + 0.5)
+        return np.clip(k, 0, self.steps).astype(np.int64)
+
+    def value(self, k) -> np.ndarray:
+        """The float64 value of grid index ``k``: ``min(b, a + k g)``, a fixed function of k."""
+        k = np.asarray(k, dtype=np.int64)
+        return np.minimum(self.upper, self.lower + k.astype(np.float64) * self.granularity)
+
+    def fine_indices(self, x, counts, source) -> tuple[np.ndarray, np.ndarray | None]:
+        """The private values as indices of the fine grid: snapped, then jittered.
+
+        Returns ``(f, counts)`` for a mechanism on ``fine_size`` points. Without jitter
+        (``jitter == 1``) these are ``snap(x)`` and ``counts`` unchanged; with it, one fine index
+        per row (``counts`` expanded) and ``None``.
+        """
+        k = self.snap(x)
+        if self.jitter == 1:
+            return k, counts
+        return jitter_indices(k, counts, self.jitter, self, source), None
+
+    def release(self, f) -> np.ndarray:
+        """The float64 values released for fine indices ``f``: ``value(round_indices(f))``."""
+        return self.value(round_indices(f, self.jitter, self))
+
+
+def jitter_indices(k, counts, jitter: int, grid: Grid, source) -> np.ndarray:
+    """Move each record's grid index to a uniform fine index inside its own cell.
+
+    Record with index k goes to a uniform integer of ``[k S - S/2, k S + S/2)`` intersected
+    with ``[0, N S]`` (``S = jitter``, even, or 1 for no jitter; ``N = grid.steps``), drawn
+    exactly and independently per record. With ``counts``, each of the ``counts[i]`` copies of
+    ``k[i]`` gets its own draw: the result has ``sum(counts)`` entries, so this costs
+    O(sum of counts) time and memory. Per-record and independent, it costs no privacy (module
+    docstring). Returns int64 fine indices in ``[0, N S]``.
+    """
+    k = np.asarray(k, dtype=np.int64)
+    if counts is not None:
+        k = np.repeat(k, np.asarray(counts, dtype=np.int64))
+    if jitter == 1:
+        return k.copy()
+    half = jitter // 2
+    top = grid.steps * jitter
+    lo = np.maximum(k * jitter - half, 0)
+    hi = np.minimum(k * jitter + half - 1, top)  # inclusive
+    return lo + source.below_array(hi - lo + 1)
+
+
+def round_indices(f, jitter: int, grid: Grid) -> np.ndarray:
+    """Grid index of each fine index: ``clip(floor((f + S/2) / S), 0, N)``, the inverse cell map
+    of :func:`jitter_indices` (post-processing; public)."""
+    f = np.asarray(f, dtype=np.int64)
+    if jitter == 1:
+        return f.copy()
+    return np.clip((f + jitter // 2) // jitter, 0, grid.steps)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact draws
+
+_LEVELS = 1100  # float64 weights in (0, 1] have frexp exponents in [-1073, 1]
+_SMALL = 64  # up to this many weights, draw_index runs in plain Python (same draws, faster)
+
+
+def draw_index(log_w: np.ndarray, source) -> int:
+    """An index ``r`` drawn with probability exactly ``w_r / sum(w)``, ``w = exp(log_w - max)``.
+
+    The weights ``w_r`` are the float64 numbers computed here (each within 1 ulp of the real
+    ``exp``; those below 2**-1074 of the largest are 0). They are sampled exactly by rejection:
+    write ``w_r = f_r 2**-L_r`` with ``f_r`` in [1/2, 1) (53-bit mantissa); choose a level L with
+    probability proportional to ``count_L 2**-L`` (exact integer arithmetic), a uniform index of
+    that level, and accept it with probability ``f_r`` (a 53-bit integer comparison); else start
+    again. Each round accepts with probability at least 1/2.
+    """
+    log_w = np.asarray(log_w, dtype=np.float64)
+    top = float(np.max(log_w))
+    if log_w.size == 1:
+        return 0
+    w = np.exp(log_w - top)
+    if w.size <= _SMALL:
+        return _draw_small(w.tolist(), source)
+    mant, expo = np.frexp(w)
+    level = np.where(w > 0.0, 1 - expo, _LEVELS)
+    per_level = np.bincount(level, minlength=_LEVELS + 1)[:_LEVELS]
+    used = np.flatnonzero(per_level).tolist()
+    return _draw_by_levels(used, per_level[used].tolist(),
+                           lambda L: np.flatnonzero(level == L),
+                           lambda r: int(mant[r] * 2.0**53), source)
+
+
+def _draw_small(w: list, source) -> int:
+    """:func:`draw_index` on a short list of weights in Python: the same levels, the same random
+    draws in the same order, so the same result (no numpy call per step)."""
+    levels: dict[int, list[int]] = {}
+    for r, x in enumerate(w):
+        if x > 0.0:
+            levels.setdefault(1 - math.frexp(x)[1], []).append(r)
+    used = sorted(levels)
+    return _draw_by_levels(used, [len(levels[L]) for L in used], levels.__getitem__,
+                           lambda r: int(math.frexp(w[r])[0] * 2.0**53), source)
+
+
+def _draw_by_levels(used: list, sizes: list, members_of, mantissa_of, source) -> int:
+    """The rejection loop of :func:`draw_index`: ``used`` levels L (increasing) holding ``sizes``
+    weights each; ``members_of(L)`` their indices (increasing), ``mantissa_of(r)`` the 53-bit
+    integer mantissa of weight r. Level L carries ``size_L * 2**(deepest - L)`` units of
+    ``2**-deepest``; a uniform unit picks the level, a uniform member the index, and a 53-bit
+    comparison accepts it with probability ``f_r``."""
+    deepest = used[-1]
+    units = [size << (deepest - L) for L, size in zip(used, sizes)]
+    total = sum(units)
+    while True:
+        u = source.below(total)
+        for L, size in zip(used, units):
+            if u < size:
+                break
+            u -= size
+        members = members_of(L)
+        r = int(members[source.below(len(members))])
+        if source.below(2**53) < mantissa_of(r):
+            return r
+
+
+#: draw_index_rows: weights below 2**-_ROW_DEPTH of a row's largest share one envelope unit
+_ROW_DEPTH = 40
+
+
+def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.ndarray:
+    """:func:`draw_index` for every row of a 2-d array at once (int64, one index per row).
+
+    Row g gives index r with probability exactly ``w_gr / sum_r w_gr``, ``w = exp(log_w -
+    rowmax)`` (the float64 numbers computed here), by the same kind of rejection as
+    :func:`draw_index`, run on all rows together: write ``w = f 2**(1 - L)`` (``f`` in [1/2, 1),
+    level ``L >= 0``). A weight of level ``L <= depth`` has the envelope ``2**-L`` and is
+    accepted with probability ``f`` (a 53-bit integer comparison); a deeper one has the envelope
+    ``2**-depth`` and is accepted with probability ``f 2**(depth - L)`` (an exact comparison on
+    Python integers; such weights hold at most ``S 2**-depth`` of the envelope, so this is rare).
+    Envelopes are whole multiples of ``2**-depth``, summed exactly in int64 (at most ``S 2**depth``
+    units, ``S`` the row length: ``S <= 2**(62 - depth)``), a uniform unit picks the candidate,
+    and every round accepts at least half of the envelope's mass. The draws differ from
+    :func:`draw_index`'s; the distribution is the same.
+    """
+    log_w = np.asarray(log_w, dtype=np.float64)
+    if log_w.ndim != 2:
+        raise ValueError("`log_w` must be 2-d")
+    G, S = log_w.shape
+    if S > 1 << (62 - depth):
+        raise ValueError(f"rows of at most 2**{62 - depth} weights, got {S}")
+    if S == 1 or G == 0:
+        return np.zeros(G, dtype=np.int64)
+    w = np.exp(log_w - log_w.max(axis=1, keepdims=True))
+    mant, expo = np.frexp(w)
+    level = 1 - expo.astype(np.int64)
+    positive = w > 0.0
+    shallow = positive & (level <= depth)
+    units = np.where(shallow, np.left_shift(1, np.clip(depth - level, 0, depth)),
+                     positive.astype(np.int64))
+    cum = np.cumsum(units, axis=1)
+    f53 = (mant * 2.0**53).astype(np.int64)  # exact: f has a 53-bit mantissa
+    out = np.empty(G, dtype=np.int64)
+    todo = np.arange(G)
+    while todo.size:
+        u = source.below_array(cum[todo, -1])
+        r = (cum[todo] <= u[:, None]).sum(axis=1)  # the unit's weight: first cum above u
+        accept = np.zeros(todo.size, dtype=bool)
+        near = shallow[todo, r]
+        if near.any():
+            coin = source.below_array(np.full(int(near.sum()), 2**53, dtype=np.uint64))
+            accept[near] = coin < f53[todo[near], r[near]]
+        for i in np.flatnonzero(~near).tolist():  # a deep weight: f 2**(depth - L)
+            g, col = int(todo[i]), int(r[i])
+            accept[i] = source.below(1 << (53 + int(level[g, col]) - depth)) < int(f53[g, col])
+        out[todo[accept]] = r[accept]
+        todo = todo[~accept]
+    return out
+
+
+def uniform_multisets(source, widths, k: int) -> np.ndarray:
+    """:func:`uniform_multiset` for many widths at once: row i is a uniform multiset of ``k``
+    points of ``{0, .., widths[i] - 1}``, sorted (shape ``(len(widths), k)``, int64), by the
+    same stars-and-bars construction with Floyd's algorithm run on all rows together."""
+    widths = np.asarray(widths, dtype=np.int64)
+    top = widths + (k - 1)
+    chosen = np.empty((widths.size, k), dtype=np.int64)
+    for step in range(k):
+        j = top - k + step
+        t = source.below_array(j + 1)
+        taken = (chosen[:, :step] == t[:, None]).any(axis=1)
+        chosen[:, step] = np.where(taken, j, t)
+    return np.sort(chosen, axis=1) - np.arange(k, dtype=np.int64)
+
+
+def uniform_multiset(source, width: int, k: int) -> np.ndarray:
+    """A uniform multiset of ``k`` points of ``{0, .., width - 1}``, sorted (int64).
+
+    Stars and bars: a uniform k-subset of ``{0, .., width + k - 2}`` (Floyd's algorithm, exact
+    integer draws), sorted, minus ``0, 1, .., k - 1``. Each of the ``C(width + k - 1, k)``
+    multisets has the same probability.
+    """
+    top = int(width) + int(k) - 1
+    chosen: set[int] = set()
+    for j in range(top - k, top):
+        t = source.below(j + 1)
+        chosen.add(j if t in chosen else t)
+    return np.array(sorted(chosen), dtype=np.int64) - np.arange(k, dtype=np.int64)

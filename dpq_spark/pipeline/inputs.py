@@ -1,0 +1,138 @@
+"""What the job reads: the input table (CSV, Parquet, a catalog table) and the public keys.
+
+Each reader resolves a schema and builds a lazy DataFrame; none of them reads a private row.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from dpq_spark.pipeline.config import ConfigError, GroupsConfig, InputConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["read_csv", "read_input", "read_keys"]
+
+log = logging.getLogger(__name__)
+
+
+def read_csv(spark: "SparkSession", path: str, *, mode: str = "DROPMALFORMED",
+             options: dict[str, Any] | None = None,
+             numeric: tuple[str, ...] = ()) -> "DataFrame":
+    """Read a CSV file with every column as a string (``numeric`` ones as double) and header
+    names stripped of spaces.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    path : str
+        The file or directory.
+    mode : {"DROPMALFORMED", "PERMISSIVE", "FAILFAST"}
+        Spark's CSV parse mode. With ``"DROPMALFORMED"`` (the default) rows whose number of
+        fields differs from the header, or whose ``numeric`` fields are not numbers, are
+        dropped, e.g. the four Goodreads rows with an unquoted comma; ``"FAILFAST"`` fails on
+        them (when the data is read); ``"PERMISSIVE"`` keeps them with nulls.
+    options : dict, optional
+        Further Spark CSV reader options (``header`` defaults to true).
+    numeric : tuple of str
+        Columns (stripped names) read as double.
+
+    Notes
+    -----
+    Spark's CSV column pruning parses only the columns a query selects, and then cannot see
+    that a row has too many fields. A filter that reads every column (always true:
+    ``length(concat_ws(...)) >= 0``) keeps the full parse without caching anything.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    options = {"header": True, **(options or {})}
+    header = spark.read.options(**options).csv(path).columns
+    names = [c.strip() for c in header]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"the CSV header of {path!r} repeats a column name: {names}")
+    schema = T.StructType([
+        T.StructField(h, T.DoubleType() if n in numeric else T.StringType())
+        for h, n in zip(header, names)])
+    df = spark.read.schema(schema).options(**options, mode=mode).csv(path).toDF(*names)
+    if mode.upper() in ("DROPMALFORMED", "FAILFAST"):
+        every_column = F.concat_ws(",", *[F.col(f"`{n}`").cast("string") for n in names])
+        df = df.where(F.length(every_column) >= 0)
+    return df
+
+
+def read_input(spark: "SparkSession", inp: InputConfig,
+               privacy_unit: str | None = None) -> "DataFrame":
+    """The private input with the group columns and ``column`` as double, lazily (only the
+    schema is resolved: for CSV the header line, for Parquet the footers, for a table the
+    catalog).
+
+    A typed source (Parquet, table) must have a numeric ``column``; CSV fields have no type, so
+    the column is parsed as double and a field that is not a number makes its row malformed
+    (dropped under ``"DROPMALFORMED"``, a failure under ``"FAILFAST"``).
+
+    Raises
+    ------
+    ConfigError
+        If ``input.column``, a group column or the privacy-unit column is not in the input, or
+        ``input.column`` is not numeric.
+    """
+    from pyspark.sql import types as T
+
+    from dpq_spark.spark._compat import try_cast
+
+    if inp.format == "table":
+        df = spark.table(inp.table)
+    elif inp.format == "parquet":
+        df = spark.read.parquet(inp.path)
+    else:
+        df = read_csv(spark, inp.path, mode=inp.csv_mode, options=inp.csv_options,
+                      numeric=(inp.column,))
+    wanted = [(inp.column, "input.column")] + [(g, "input.group_by") for g in inp.group_by]
+    if privacy_unit is not None:
+        wanted.append((privacy_unit, "release.privacy_unit"))
+    for name, key in wanted:
+        if name not in df.columns:
+            raise ConfigError(f"`{key}` names column {name!r}, which is not in the input; "
+                              f"columns are {df.columns}")
+    kind = df.schema[inp.column].dataType
+    if not isinstance(kind, T.NumericType):
+        raise ConfigError(f"`input.column` {inp.column!r} has type {kind.simpleString()} in the "
+                          "input; the release needs a numeric column (cast it in a view or "
+                          "table first)")
+    unit = [privacy_unit] if privacy_unit is not None else []
+    return df.select(*inp.group_by, *unit, try_cast(inp.column, "double").alias(inp.column))
+
+
+def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFrame",
+              group_by: tuple[str, ...]) -> "DataFrame | None":
+    """The public group keys as a DataFrame with the input's group column types.
+
+    The keys are public, so the job may look at them: an empty key set (e.g. a key file with a
+    header and no rows) is refused before any budget is reserved.
+    """
+    from dpq_spark.spark._compat import try_cast
+
+    if groups is None:
+        return None
+    if groups.keys is not None:
+        keys = spark.createDataFrame([list(k) for k in groups.keys], schema=list(group_by))
+    elif groups.path is not None:
+        reader = spark.read.option("header", True) if groups.format == "csv" else spark.read
+        keys = reader.format(groups.format).load(groups.path)
+        keys = keys.toDF(*[c.strip() for c in keys.columns])
+    else:
+        keys = spark.table(groups.table)
+    missing = [c for c in group_by if c not in keys.columns]
+    if missing:
+        raise ConfigError(f"the public keys lack the group column(s) {missing}; "
+                          f"their columns are {keys.columns}")
+    types = {f.name: f.dataType for f in data.schema.fields}
+    keys = keys.select(*[try_cast(c, types[c]).alias(c) for c in group_by]).distinct()
+    if not keys.take(1):
+        where = ("`groups.path` " + repr(groups.path) if groups.path is not None
+                 else f"`groups.table` {groups.table!r}")
+        raise ConfigError(f"the public keys in {where} are empty: there is nothing to release")
+    return keys

@@ -1,0 +1,390 @@
+"""The dp_quantiles job: config in, one committed DP release and one ledger record out.
+
+``main(argv)`` is what ``spark-submit jobs/dp_quantiles.py --config conf/x.toml`` and
+``dpq-spark run --config conf/x.toml`` call. The stages, in order:
+
+1. load and validate the configuration (flags override the file);
+2. refuse early if the output exists and ``output.mode`` is not ``"overwrite"``;
+3. open the ledger (never created unless ``ledger.create = true``), remove temporary outputs
+   that dead runs of this dataset left behind, and check (read-only) that the budget fits;
+4. get the Spark session (the active one, or a plain ``getOrCreate()``); resolve the input's
+   schema and the public keys *without reading data*: the columns must exist, the value column
+   must be numeric (typed sources) and the key set must not be empty;
+5. reserve ε (and δ) in the ledger; with ``input.csv.mode = "FAILFAST"`` parse the whole input
+   once (a malformed row fails the job here, and the reservation is given back);
+6. mark the reservation spent, run :func:`dpq_spark.spark.dp_quantiles` (materialised);
+7. write the release into a hidden ``.<name>.incomplete-r<record>-<hex>`` directory beside the
+   target (its path recorded in the ledger) and rename it into place, so the output exists
+   completely or not at all;
+8. commit the ledger record with the output location.
+
+A failure or SIGTERM/SIGINT before stage 6 gives the reservation back (exit 143/130 for the
+signals); from stage 6 on the budget stays charged, also when the process dies. A session the
+job started itself is stopped on every exit path, so its JVM does not outlive the job. Logs name
+the stages, their timings and the public parameters; they never contain values, counts or group
+sizes, and errors that could carry data (Spark's own) are logged by class name only unless
+``--show-errors`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import shlex
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+from dpq_spark.pipeline.config import (
+    OUTPUT_MODES,
+    ConfigError,
+    JobConfig,
+    load_config,
+    parse_override,
+    quantiles_from_text,
+)
+from dpq_spark.core.errors import BudgetExceededError, DPQValueError
+from dpq_spark.pipeline.ledger import Ledger, LedgerError, open_ledger
+from dpq_spark.pipeline._signals import (
+    JobInterrupted, deferred_signals, fault_point, signals_raise,
+)
+from dpq_spark.pipeline.inputs import read_input, read_keys
+from dpq_spark.pipeline.launch import get_session, stop_session
+from dpq_spark.pipeline.outputs import (
+    OutputConflictError, OutputExistsError, clean_stale, output_exists, write_release,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+__all__ = ["main", "run_job", "build_parser", "guarantee", "JobResult"]
+
+log = logging.getLogger(__name__)
+
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BUDGET, EXIT_OUTPUT_EXISTS = 0, 1, 2, 3, 4
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """What a successful run produced: where the release is and its ledger record."""
+
+    output: str
+    record_id: int
+    seconds: float
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    log.info("stage %s: started", name)
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException as exc:
+        log.error("stage %s: failed after %.2f s (%s)", name, time.perf_counter() - start,
+                  type(exc).__name__)
+        raise
+    log.info("stage %s: done in %.2f s", name, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark session and input
+# ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+
+
+def guarantee(cfg: JobConfig) -> str:
+    """The privacy guarantee of a release, in words (stored with it and in the docs)."""
+    r = cfg.release
+    dp = f"({r.epsilon:g}, {r.delta:g})-DP" if r.delta is not None else f"{r.epsilon:g}-DP"
+    unit = ("one row" if r.privacy_unit is None else
+            f"all rows of one `{r.privacy_unit}` (at most {r.max_rows_per_unit} row(s) per group "
+            f"and {r.max_groups_per_unit} group(s) per unit are kept)")
+    relation = "adding or removing" if r.neighboring == "add_remove" else "changing"
+    if r.lower is None:
+        from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE
+
+        share = DEFAULT_BOUNDS_SHARE if r.bounds_share is None else r.bounds_share
+        return (f"{dp} for {relation} {unit} (in each group: private clamping bounds with "
+                f"{share:g} of epsilon, then the quantiles with the rest; basic composition), "
+                "assuming the quantiles and the group keys were chosen without looking at the data")
+    return (f"{dp} for {relation} {unit}, assuming the bounds [{r.lower:g}, {r.upper:g}], the "
+            "quantiles and the group keys were chosen without looking at the data")
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+
+def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
+    """Run one configured release end to end (see the module docstring for the stages).
+
+    Parameters
+    ----------
+    cfg : JobConfig
+        A validated configuration.
+    rng : numpy.random.Generator, optional
+        Only for tests; production runs draw fresh OS entropy.
+
+    Returns
+    -------
+    JobResult
+
+    Raises
+    ------
+    OutputExistsError
+        The output exists and ``output.mode`` is not ``"overwrite"`` (nothing reserved).
+    BudgetExceededError
+        The ledger refuses the reservation (no data read).
+    ConfigError
+        A column, its type or the key set does not fit (nothing reserved), or a FAILFAST
+        parse failed (reservation given back).
+    LedgerError
+        The ledger is missing, unreachable or refuses (nothing reserved).
+    JobInterrupted, KeyboardInterrupt
+        SIGTERM/SIGINT: a reservation is given back if nothing was sampled yet.
+    OutputConflictError
+        The output appeared while the job ran (budget charged, nothing written).
+
+    Privacy
+    -------
+    The release is ε-DP (or (ε, δ)-DP with partition selection) as stated by
+    :func:`dpq_spark.spark.dp_quantiles` and recorded by :func:`guarantee`; the ledger charges
+    it against the dataset's cap under basic composition. Nothing data-dependent happens
+    outside the mechanism: before the reservation the job reads only public metadata (schemas,
+    the CSV header) and the public keys.
+    """
+    started = time.perf_counter()
+    params = cfg.public_parameters()
+    led = cfg.ledger
+    log.info("job %s: public parameters %s", cfg.name, json.dumps(params, sort_keys=True))
+    log.info("job %s: output %s (format=%s, mode=%s); ledger %s (dataset %r)", cfg.name,
+             cfg.output.path, cfg.output.format, cfg.output.mode, led.name, led.dataset_id)
+
+    with _stage("check output"):
+        if output_exists(cfg.output) and cfg.output.mode != "overwrite":
+            raise OutputExistsError(
+                f"`output.path` {cfg.output.path!r} already holds a release; set "
+                "`output.mode = \"overwrite\"` (or --output-mode overwrite) to replace it, or "
+                "write to a new path (e.g. with the {timestamp} placeholder)")
+
+    with _stage("open ledger"):
+        ledger = open_ledger(led.url, create=led.create, password_file=led.password_file)
+        clean_stale(ledger, led.dataset_id)
+        ledger.check_budget(led.dataset_id, epsilon=cfg.release.epsilon, delta=cfg.release.delta,
+                            epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap,
+                            create_dataset=led.create)
+
+    spark, started_here = None, False
+    try:
+        with _stage("start spark"):
+            spark, started_here = get_session(cfg.spark_properties)
+        with _stage("check input"):
+            data = read_input(spark, cfg.input, cfg.release.privacy_unit)
+            keys = read_keys(spark, cfg.groups, data, cfg.input.group_by)
+        path, record = _reserve_and_release(cfg, ledger, data, keys, params, rng)
+    finally:
+        if started_here:
+            stop_session(spark)
+    seconds = time.perf_counter() - started
+    log.info("job %s: release committed as ledger record %d in %.2f s", cfg.name, record, seconds)
+    return JobResult(output=path, record_id=record, seconds=seconds)
+
+
+def _reserve_and_release(cfg: JobConfig, ledger: Ledger, data, keys, params, rng):
+    led, record = cfg.ledger, None
+    try:
+        with _stage("reserve budget"), deferred_signals():
+            record = ledger.reserve(
+                led.dataset_id, epsilon=cfg.release.epsilon, delta=cfg.release.delta,
+                epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap,
+                mechanism=cfg.release.mechanism, parameters=params, job=cfg.name,
+                create_dataset=led.create)
+        log.info("ledger record %d reserved", record)
+        fault_point("after_reserve")
+        if cfg.input.format == "csv" and cfg.input.csv_mode == "FAILFAST":
+            with _stage("parse input (FAILFAST)"):
+                _parse_all(data)
+    except BaseException as exc:
+        if record is not None:
+            with deferred_signals():
+                ledger.cancel(record, reason=f"failed before sampling: {type(exc).__name__}",
+                              by=f"job {cfg.name}")
+            log.info("ledger record %d cancelled: no noisy value was computed", record)
+        raise
+
+    with deferred_signals():
+        ledger.mark_spent(record)
+    log.info("ledger record %d spent: from here on the budget stays charged", record)
+    try:
+        from dpq_spark.spark import dp_quantiles
+
+        r = cfg.release
+        with _stage("release"):
+            result = dp_quantiles(
+                data, cfg.input.column, quantiles=list(r.quantiles), epsilon=r.epsilon,
+                lower=r.lower, upper=r.upper, group_by=list(cfg.input.group_by) or None,
+                groups=keys, neighboring=r.neighboring, privacy_unit=r.privacy_unit,
+                max_rows_per_unit=r.max_rows_per_unit, max_groups_per_unit=r.max_groups_per_unit,
+                delta=r.delta, resolution=r.resolution, mechanism=r.mechanism,
+                bounds_share=r.bounds_share, rng=rng)
+        fault_point("after_sample")
+        fault_point("after_sample_term")
+        metadata = {
+            **params,
+            "dataset_id": led.dataset_id,
+            "ledger_record": record,
+            "guarantee": guarantee(cfg),
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "columns": result.columns,
+        }
+
+        def on_temp(tmp: str) -> None:
+            with deferred_signals():
+                ledger.record_output(record, tmp)
+
+        with _stage("write output"):
+            path = write_release(result, cfg.output, metadata, record=record, on_temp=on_temp)
+        with _stage("commit ledger"), deferred_signals():
+            ledger.commit(record, path)
+    except BaseException as exc:
+        with deferred_signals():
+            ledger.note(record, f"failed after sampling: {type(exc).__name__}; budget stays "
+                        "charged")
+        log.error("ledger record %d stays charged: the job failed after sampling", record)
+        raise
+    return path, record
+
+
+def _parse_all(data: "DataFrame") -> None:
+    """Parse every row once (``input.csv.mode = "FAILFAST"``), turning Spark's parse failure
+    into a :class:`ConfigError` that does not echo the offending row."""
+    try:
+        data.write.format("noop").mode("overwrite").save()
+    except Exception as exc:
+        text = f"{type(exc).__name__} {exc}"
+        if "FAILFAST" in text or "MALFORMED" in text.upper():
+            raise ConfigError("`input.csv.mode` is \"FAILFAST\" and the input has a malformed "
+                              "row or a non-numeric `input.column` value (details suppressed: "
+                              "they may contain data); nothing was released") from None
+        raise
+
+
+def build_parser(prog: str = "dp_quantiles") -> argparse.ArgumentParser:
+    """The job's command line: ``--config`` plus flags that override single config keys."""
+    p = argparse.ArgumentParser(
+        prog=prog, description="Release DP quantiles of a column, per public group, as configured "
+        "in a TOML file; flags override the file.")
+    p.add_argument("--config", required=True, help="the job's TOML file (see conf/)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any key, value in TOML syntax (repeatable)")
+    flags = [
+        ("--input", "input", "path", str), ("--column", "input", "column", str),
+        ("--epsilon", "release", "epsilon", float), ("--delta", "release", "delta", float),
+        ("--lower", "release", "lower", float), ("--upper", "release", "upper", float),
+        ("--quantiles", "release", "quantiles", quantiles_from_text),
+        ("--output", "output", "path", str), ("--output-format", "output", "format", str),
+        ("--ledger", "ledger", "url", str), ("--dataset-id", "ledger", "dataset_id", str),
+    ]
+    for flag, section, key, kind in flags:
+        p.add_argument(flag, dest=f"{section}.{key}", type=kind, default=None,
+                       help=f"override {section}.{key}")
+    p.add_argument("--output-mode", dest="output.mode", choices=OUTPUT_MODES, default=None,
+                   help="override output.mode ('overwrite' replaces an earlier release)")
+    p.add_argument("--log-level", default="INFO", help="Python logging level (default INFO)")
+    p.add_argument("--show-errors", action="store_true",
+                   help="print full tracebacks of unexpected errors (they may contain data)")
+    return p
+
+
+def _overrides(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
+    out = [parse_override(text) for text in args.set]
+    for dest, value in vars(args).items():
+        if "." in dest and value is not None:
+            section, key = dest.split(".")
+            out.append((section, key, value))
+    return out
+
+
+def _configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:  # an application (the job) may add a handler; the library never does
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("dpq_spark").setLevel(level.upper())
+
+
+def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
+    """Run the job from the command line.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default ``sys.argv[1:]``): ``--config FILE`` and override flags.
+    prog : str
+        Program name shown in ``--help``.
+
+    Returns
+    -------
+    int
+        The exit code: 0 released; 2 configuration or ledger error (nothing reserved, or the
+        reservation given back); 3 budget exceeded (nothing reserved); 4 output exists (nothing
+        reserved); 143 SIGTERM and 130 SIGINT (the reservation is given back if nothing was
+        sampled, else it stays charged); 1 any other failure (charged if it came after
+        sampling: ``dpq-spark ledger show`` tells). The output path is printed on success; each
+        error is reported once, through the ``dpq_spark.pipeline.job`` logger (stderr by default).
+
+    Privacy
+    -------
+    See :func:`run_job`: one release with the configured guarantee, charged to the ledger
+    before any data is read.
+    """
+    args = build_parser(prog).parse_args(argv)
+    _configure_logging(args.log_level)
+    cfg = None
+    try:
+        with signals_raise():
+            cfg = load_config(args.config, _overrides(args))
+            result = run_job(cfg)
+    except (ConfigError, LedgerError) as exc:
+        log.error("configuration error: %s", exc)
+        return EXIT_CONFIG
+    except BudgetExceededError as exc:
+        log.error("ledger refused the release: %s (see `dpq-spark ledger show`)", exc)
+        return EXIT_BUDGET
+    except OutputExistsError as exc:
+        log.error("%s", exc)
+        return EXIT_OUTPUT_EXISTS
+    except OutputConflictError as exc:
+        log.error("%s", exc)
+        return EXIT_FAILED
+    except DPQValueError as exc:  # our own messages never echo data
+        log.error("invalid release parameters: %s", exc)
+        return EXIT_CONFIG
+    except JobInterrupted as exc:
+        log.error("job %s", exc)
+        return 128 + exc.signum
+    except KeyboardInterrupt:
+        log.error("job interrupted (SIGINT)")
+        return EXIT_SIGINT
+    except Exception as exc:
+        if args.show_errors:
+            raise
+        log.error("job failed with %s; details suppressed because they may contain data "
+                  "(rerun with --show-errors)", type(exc).__name__)
+        return EXIT_FAILED
+    print(f"Release written to {result.output}")
+    print(f"Ledger record {result.record_id}: dpq-spark ledger show --ledger "
+          f"{shlex.quote(cfg.ledger.name)} --dataset {shlex.quote(cfg.ledger.dataset_id)}")
+    return EXIT_OK

@@ -1,0 +1,476 @@
+"""What every privacy ledger backend shares: the records, the usage, the errors, the URL rules
+and :class:`Ledger`, whose methods hold the whole budget logic over a few SQL primitives.
+
+The backends (:mod:`~dpq_spark.pipeline.ledger.sqlite`, :mod:`~dpq_spark.pipeline.ledger.postgres`)
+supply the connection, the transaction that locks a dataset's budget row and the SQL dialect;
+:mod:`dpq_spark.pipeline.ledger` opens the one a URL names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import datetime as _dt
+import getpass
+import io
+import json
+import os
+import socket
+import urllib.parse
+from typing import Any, Callable
+
+from dpq_spark.core.errors import BudgetExceededError, DPQValueError
+
+__all__ = ["Ledger", "LedgerRecord", "BudgetUsage", "LedgerError", "COUNTED_STATUSES", "RECORD_COLUMNS",
+           "redact_url", "is_postgres_url", "url_has_password", "sqlite_path"]
+
+#: Statuses that count towards the cap.
+COUNTED_STATUSES = ("reserved", "spent", "committed")
+
+#: Columns of a record, in the order of :class:`LedgerRecord` and of ``ledger export``.
+RECORD_COLUMNS = ("id", "dataset_id", "status", "epsilon", "delta", "mechanism", "parameters",
+                  "output", "job", "host", "pid", "reserved_at", "updated_at", "note",
+                  "cancelled_by")
+
+# Sums of many small epsilons are not exact in floating point: 10 x 0.1 must fit a cap of 1.
+_SLACK = 1e-9
+
+
+
+class LedgerError(DPQValueError):
+    """The ledger refuses an operation (missing ledger, unknown record, a cap raised by a
+    config, an unreadable database, ...). The message names the ledger (redacted)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerRecord:
+    """One charge against a dataset's budget (a row of the ``releases`` table)."""
+
+    id: int
+    dataset_id: str
+    status: str
+    epsilon: float
+    delta: float
+    mechanism: str
+    parameters: dict[str, Any]
+    output: str | None
+    job: str | None
+    host: str | None
+    pid: int | None
+    reserved_at: str
+    updated_at: str
+    note: str | None
+    cancelled_by: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetUsage:
+    """What a dataset has spent (every counted status) against its caps."""
+
+    dataset_id: str
+    epsilon_spent: float
+    delta_spent: float
+    epsilon_cap: float | None
+    delta_cap: float | None
+
+    @property
+    def epsilon_remaining(self) -> float | None:
+        return None if self.epsilon_cap is None else max(0.0, self.epsilon_cap - self.epsilon_spent)
+
+    @property
+    def delta_remaining(self) -> float | None:
+        return None if self.delta_cap is None else max(0.0, self.delta_cap - self.delta_spent)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in the environment (some containers)
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs
+# ---------------------------------------------------------------------------------------------
+
+
+def is_postgres_url(url: str) -> bool:
+    """True for a ``postgresql://`` (or ``postgres://``) URL."""
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (``user:***@host``; a ``password=`` parameter is dropped).
+    Safe for logs and messages."""
+    if not is_postgres_url(url):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{host}"
+    query = urllib.parse.urlencode([(k, "***" if k.lower() == "password" else v)
+                                    for k, v in urllib.parse.parse_qsl(parts.query)])
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_has_password(url: str) -> bool:
+    """True when a PostgreSQL URL carries a password (not allowed in a config file)."""
+    if not is_postgres_url(url):
+        return False
+    parts = urllib.parse.urlsplit(url)
+    return parts.password is not None or any(
+        k.lower() == "password" for k, _ in urllib.parse.parse_qsl(parts.query))
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite:///ABS/PATH`` URL or of a plain path (made absolute)."""
+    if url.startswith("sqlite:"):
+        rest = url[len("sqlite:"):]
+        if not rest.startswith("///"):
+            raise LedgerError(f"ledger {url}: a SQLite URL is sqlite:///ABSOLUTE/PATH")
+        url = "/" + rest.lstrip("/")
+    return os.path.abspath(os.path.expanduser(url))
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger (backend-neutral logic; the backends supply connections and a few SQL words)
+# ---------------------------------------------------------------------------------------------
+
+
+class Ledger:
+    """A privacy ledger; use :func:`open_ledger` or :func:`init_ledger` to get one.
+
+    Each method opens its own short-lived connection and runs in one database transaction, so a
+    ``Ledger`` may be shared by threads and processes alike; concurrency control is the
+    database's own (no application-side locks).
+
+    Attributes
+    ----------
+    name : str
+        The ledger's redacted URL (SQLite: the file path), used in every message.
+    """
+
+    name: str
+    #: SQL that locks a dataset's budget row for the rest of the transaction.
+    _LOCK_BUDGET = "SELECT epsilon_cap, delta_cap FROM budgets WHERE dataset_id = ?"
+
+    # -- backend hooks ---------------------------------------------------------------------
+
+    def _transaction(self) -> contextlib.AbstractContextManager:  # pragma: no cover - abstract
+        """Context manager yielding a connection inside one write transaction."""
+        raise NotImplementedError
+
+    def _reading(self) -> contextlib.AbstractContextManager:  # pragma: no cover - abstract
+        """Context manager yielding a connection for reads."""
+        raise NotImplementedError
+
+    def _exec(self, conn, sql: str, params: tuple = ()):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _error(self, message: str) -> LedgerError:
+        return LedgerError(f"ledger {self.name}: {message}")
+
+    def _write(self, fn: Callable[[Any], Any]):
+        with self._transaction() as conn:
+            return fn(conn)
+
+    def _spent(self, conn, dataset_id: str) -> tuple[float, float]:
+        marks = ",".join("?" * len(COUNTED_STATUSES))
+        row = self._exec(
+            conn,
+            f"SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0) FROM releases "
+            f"WHERE dataset_id = ? AND status IN ({marks})",
+            (dataset_id, *COUNTED_STATUSES),
+        ).fetchone()
+        return float(row[0]), float(row[1])
+
+    def _lock_budget(self, conn, dataset_id: str):
+        return self._exec(conn, self._LOCK_BUDGET, (dataset_id,)).fetchone()
+
+    def _missing_dataset(self, dataset_id: str) -> LedgerError:
+        return self._error(
+            f"has no budget for dataset {dataset_id!r}; create it with `dpq-spark ledger init "
+            f"{self.name} --dataset {dataset_id} --epsilon-cap N` (or set `ledger.create = true` "
+            "in the job config for its first run)")
+
+    # -- the budget ------------------------------------------------------------------------
+
+    def create_dataset(self, dataset_id: str, *, epsilon_cap: float,
+                       delta_cap: float = 0.0) -> bool:
+        """Store a new dataset's caps; returns False (and changes nothing) if it exists."""
+        _check_caps(epsilon_cap, delta_cap)
+
+        def txn(conn) -> bool:
+            cur = self._exec(
+                conn, "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT (dataset_id) DO NOTHING"
+                " RETURNING dataset_id", (dataset_id, float(epsilon_cap), float(delta_cap), _now()))
+            return cur.fetchone() is not None
+
+        return self._write(txn)
+
+    def reserve(self, dataset_id: str, *, epsilon: float, delta: float | None = None,
+                epsilon_cap: float, delta_cap: float = 0.0, mechanism: str,
+                parameters: dict[str, Any] | None = None, job: str | None = None,
+                create_dataset: bool = False) -> int:
+        """Reserve ``epsilon`` (and ``delta``) for one release of ``dataset_id``.
+
+        Parameters
+        ----------
+        dataset_id : str
+            The dataset the budget is of (the people it protects).
+        epsilon, delta : float
+            What the release will spend (``delta=None`` means 0).
+        epsilon_cap, delta_cap : float
+            The caps the caller's configuration states. They may only lower the dataset's
+            stored caps, never raise them.
+        mechanism : str
+            Name of the mechanism, e.g. ``"joint_exp"``.
+        parameters : dict, optional
+            Public parameters of the release (JSON-serialisable), stored with the record.
+        job : str, optional
+            Name of the job that reserves.
+        create_dataset : bool
+            Store ``epsilon_cap``/``delta_cap`` as the dataset's caps if the ledger does not know
+            the dataset yet (default False: an unknown dataset is an error).
+
+        Returns
+        -------
+        int
+            The record id; pass it to :meth:`mark_spent`, :meth:`commit` or :meth:`cancel`.
+
+        Raises
+        ------
+        BudgetExceededError
+            If the charge would pass a cap. Nothing is recorded.
+        LedgerError
+            If the dataset is unknown (and ``create_dataset`` is false), or ``epsilon_cap`` or
+            ``delta_cap`` is above the dataset's stored cap.
+        """
+        delta = 0.0 if delta is None else float(delta)
+        epsilon = float(epsilon)
+        params = json.dumps(parameters or {}, sort_keys=True)
+
+        def txn(conn) -> int:
+            row = self._lock_budget(conn, dataset_id)
+            if row is None:
+                if not create_dataset:
+                    raise self._missing_dataset(dataset_id)
+                _check_caps(epsilon_cap, delta_cap)
+                self._exec(conn, "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT "
+                           "(dataset_id) DO NOTHING",
+                           (dataset_id, float(epsilon_cap), float(delta_cap), _now()))
+                row = self._lock_budget(conn, dataset_id)
+            for asked, stored, what in ((epsilon_cap, row[0], "epsilon_cap"),
+                                        (delta_cap, row[1], "delta_cap")):
+                if asked > stored + _SLACK:
+                    raise self._error(
+                        f"the configured {what}={asked:g} for dataset {dataset_id!r} is above "
+                        f"the ledger's {what}={stored:g}; raise it explicitly with "
+                        "`dpq-spark ledger set-cap` if that is intended")
+            eps_cap, del_cap = min(epsilon_cap, row[0]), min(delta_cap, row[1])
+            eps_spent, del_spent = self._spent(conn, dataset_id)
+            if eps_spent + epsilon > eps_cap + _SLACK:
+                raise BudgetExceededError(epsilon, max(0.0, eps_cap - eps_spent), "epsilon")
+            if delta > 0 and del_spent + delta > del_cap + _SLACK * del_cap:
+                raise BudgetExceededError(delta, max(0.0, del_cap - del_spent), "delta")
+            now = _now()
+            cur = self._exec(
+                conn,
+                "INSERT INTO releases (dataset_id, status, epsilon, delta, mechanism, parameters,"
+                " job, host, pid, reserved_at, updated_at) VALUES (?, 'reserved', ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?) RETURNING id",
+                (dataset_id, epsilon, delta, mechanism, params, job, socket.gethostname(),
+                 os.getpid(), now, now),
+            )
+            return int(cur.fetchone()[0])
+
+        return self._write(txn)
+
+    def check_budget(self, dataset_id: str, *, epsilon: float, delta: float | None = None,
+                     epsilon_cap: float, delta_cap: float = 0.0,
+                     create_dataset: bool = False) -> None:
+        """Refuse early (without reserving) when the charge would not fit now.
+
+        A read-only pre-check so that a job can stop before it starts Spark; only
+        :meth:`reserve` is authoritative (another job may spend in between).
+        """
+        usage = self.usage(dataset_id)
+        if usage.epsilon_cap is None:
+            if not create_dataset:
+                raise self._missing_dataset(dataset_id)
+            return
+        eps_cap = min(epsilon_cap, usage.epsilon_cap)
+        if usage.epsilon_spent + float(epsilon) > eps_cap + _SLACK:
+            raise BudgetExceededError(epsilon, max(0.0, eps_cap - usage.epsilon_spent), "epsilon")
+        delta = 0.0 if delta is None else float(delta)
+        del_cap = min(delta_cap, usage.delta_cap)
+        if delta > 0 and usage.delta_spent + delta > del_cap + _SLACK * del_cap:
+            raise BudgetExceededError(delta, max(0.0, del_cap - usage.delta_spent), "delta")
+
+    def _move(self, record_id: int, allowed_from: tuple[str, ...], to: str, *,
+              output: str | None = None, note: str | None = None,
+              cancelled_by: str | None = None) -> None:
+        def txn(conn) -> None:
+            row = self._exec(conn, "SELECT status FROM releases WHERE id = ?",
+                             (record_id,)).fetchone()
+            if row is None:
+                raise self._error(f"no ledger record with id {record_id}")
+            if row[0] not in allowed_from:
+                raise self._error(f"ledger record {record_id} is {row[0]!r}; cannot become {to!r}")
+            self._exec(
+                conn,
+                "UPDATE releases SET status = ?, updated_at = ?, output = COALESCE(?, output),"
+                " note = COALESCE(?, note), cancelled_by = COALESCE(?, cancelled_by) WHERE id = ?",
+                (to, _now(), output, note, cancelled_by, record_id),
+            )
+
+        self._write(txn)
+
+    def mark_spent(self, record_id: int) -> None:
+        """Mark a reservation as spent: the mechanism is about to run. It can no longer be
+        cancelled."""
+        self._move(record_id, ("reserved",), "spent")
+
+    def record_output(self, record_id: int, path: str) -> None:
+        """Record where a ``spent`` release is being written (a temporary path, before
+        :meth:`commit`), so that a run that dies while writing leaves a findable trace."""
+        self._move(record_id, ("spent",), "spent", output=path)
+
+    def commit(self, record_id: int, output: str) -> None:
+        """Turn a spent reservation into a committed release written to ``output``."""
+        self._move(record_id, ("spent",), "committed", output=output)
+
+    def cancel(self, record_id: int, reason: str | None = None, *, by: str | None = None) -> None:
+        """Give a reservation back; allowed only while it is ``reserved``.
+
+        Parameters
+        ----------
+        record_id : int
+        reason : str, optional
+            Why (stored in the record's note); must not contain private data.
+        by : str, optional
+            Who cancels (stored in ``cancelled_by``; default: the OS user).
+
+        Notes
+        -----
+        A job cancels its own reservation when it fails before sampling. An operator cancels a
+        *stale* reservation (``dpq-spark ledger cancel ID --force``) only when the job that made
+        it is known to be dead: a live job that has not marked it spent yet would still run.
+        """
+        self._move(record_id, ("reserved",), "cancelled", note=reason,
+                   cancelled_by=by or _who())
+
+    def note(self, record_id: int, text: str) -> None:
+        """Attach a public note (e.g. why a spent job failed) without changing the status."""
+        def txn(conn) -> None:
+            self._exec(conn, "UPDATE releases SET note = ?, updated_at = ? WHERE id = ?",
+                       (text, _now(), record_id))
+
+        self._write(txn)
+
+    def set_cap(self, dataset_id: str, *, epsilon_cap: float, delta_cap: float = 0.0) -> None:
+        """Set a dataset's caps explicitly (the only way to raise them)."""
+        _check_caps(epsilon_cap, delta_cap)
+
+        def txn(conn) -> None:
+            self._exec(
+                conn,
+                "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
+                "epsilon_cap = excluded.epsilon_cap, delta_cap = excluded.delta_cap, "
+                "updated_at = excluded.updated_at",
+                (dataset_id, float(epsilon_cap), float(delta_cap), _now()),
+            )
+
+        self._write(txn)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, record_id: int) -> LedgerRecord:
+        """One record by id."""
+        with self._reading() as conn:
+            row = self._exec(conn, f"SELECT {', '.join(RECORD_COLUMNS)} FROM releases "
+                             "WHERE id = ?", (record_id,)).fetchone()
+        if row is None:
+            raise self._error(f"no ledger record with id {record_id}")
+        return _record(row)
+
+    def records(self, dataset_id: str | None = None) -> list[LedgerRecord]:
+        """All records of ``dataset_id`` (of every dataset when ``None``), oldest first."""
+        cols = ", ".join(RECORD_COLUMNS)
+        with self._reading() as conn:
+            if dataset_id is None:
+                rows = self._exec(conn, f"SELECT {cols} FROM releases ORDER BY id").fetchall()
+            else:
+                rows = self._exec(conn, f"SELECT {cols} FROM releases WHERE dataset_id = ? "
+                                  "ORDER BY id", (dataset_id,)).fetchall()
+        return [_record(r) for r in rows]
+
+    def datasets(self) -> list[str]:
+        """The dataset ids with a budget in this ledger."""
+        with self._reading() as conn:
+            rows = self._exec(conn, "SELECT dataset_id FROM budgets ORDER BY dataset_id").fetchall()
+        return [r[0] for r in rows]
+
+    def usage(self, dataset_id: str) -> BudgetUsage:
+        """The budget ``dataset_id`` has spent, and its stored caps (``None`` if unknown)."""
+        with self._reading() as conn:
+            eps, delta = self._spent(conn, dataset_id)
+            row = self._exec(conn, "SELECT epsilon_cap, delta_cap FROM budgets WHERE "
+                             "dataset_id = ?", (dataset_id,)).fetchone()
+        caps = (None, None) if row is None else (float(row[0]), float(row[1]))
+        return BudgetUsage(dataset_id, eps, delta, *caps)
+
+    def export(self, format: str = "json", dataset_id: str | None = None) -> str:
+        """The records (of one dataset, or all) as CSV or JSON text, for an audit.
+
+        JSON is ``{"ledger": NAME, "exported_at": ..., "budgets": [...], "records": [...]}``;
+        CSV has one row per record with the columns of :class:`LedgerRecord` (``parameters``
+        as a JSON string). Only public parameters are stored, so the export holds no data.
+        """
+        if format not in ("csv", "json"):
+            raise self._error(f"`format` must be 'csv' or 'json', got {format!r}")
+        records = self.records(dataset_id)
+        if format == "json":
+            ids = [dataset_id] if dataset_id is not None else self.datasets()
+            budgets = []
+            for d in ids:
+                u = self.usage(d)
+                budgets.append({**dataclasses.asdict(u), "epsilon_remaining": u.epsilon_remaining,
+                                "delta_remaining": u.delta_remaining})
+            return json.dumps({"ledger": self.name, "exported_at": _now(), "budgets": budgets,
+                               "records": [dataclasses.asdict(r) for r in records]},
+                              indent=2, sort_keys=False)
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(RECORD_COLUMNS)
+        for r in records:
+            row = dataclasses.asdict(r)
+            row["parameters"] = json.dumps(row["parameters"], sort_keys=True)
+            writer.writerow(["" if row[c] is None else row[c] for c in RECORD_COLUMNS])
+        return buf.getvalue()
+
+
+def _record(row) -> LedgerRecord:
+    values = dict(zip(RECORD_COLUMNS, tuple(row)))
+    values["parameters"] = json.loads(values["parameters"])
+    values["epsilon"], values["delta"] = float(values["epsilon"]), float(values["delta"])
+    return LedgerRecord(**values)
+
+
+def _check_caps(epsilon_cap: float, delta_cap: float) -> None:
+    if isinstance(epsilon_cap, bool) or not isinstance(epsilon_cap, (int, float)) or not (
+            0 < epsilon_cap < float("inf")):
+        raise LedgerError(f"`epsilon_cap` must be finite and > 0, got {epsilon_cap!r}")
+    if isinstance(delta_cap, bool) or not isinstance(delta_cap, (int, float)) or not (
+            0.0 <= delta_cap < 1.0):
+        raise LedgerError(f"`delta_cap` must be in [0, 1), got {delta_cap!r}")

@@ -1,0 +1,312 @@
+"""One partition's rows counted per (group, grid index) in bounded memory: the fold and its spill.
+
+The codes are int64s, ``gid * 2**33 + k`` with bounds (``k`` the index on the core's default
+grid) or ``gid * resolution + bucket`` without; :class:`CodeCounter` counts them exactly,
+:class:`Fold` also spills to a temporary file past its budget and keeps coarse counts. Imports
+numpy only.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+
+from dpq_spark.core.quantiles.coarse_bands import COARSE_SHIFT
+
+__all__ = ["FOLD_BUDGET", "SPILL_SHRINK", "Fold", "CodeCounter", "run_starts", "count_runs"]
+
+#: Distinct (group, grid index) pairs a partition may hold in memory before it considers a
+#: spill (the driver copies the value into ``ReleaseParams.fold_budget``; tests lower it).
+FOLD_BUDGET = 1 << 21
+
+
+#: A fold past its budget spills only when its coarse counts would be at most this fraction of
+#: its fine counts; otherwise the spill would hold as many counts as it frees, and the budget
+#: doubles instead (copied into ``ReleaseParams.spill_shrink``; tests set 1.0 to force spills).
+SPILL_SHRINK = 0.5
+
+
+_COMPACT_ROWS = 1 << 20  # raw codes buffered before they are merged into counts (or spilled)
+
+
+_MERGE_CAP = 1 << 23  # ... and at most this many more when the merged codes are already many
+
+
+def run_starts(codes) -> np.ndarray:
+    """Where each run of equal values starts in sorted, non-empty ``codes``."""
+    new = np.empty(codes.size, dtype=bool)
+    new[0] = True
+    np.not_equal(codes[1:], codes[:-1], out=new[1:])
+    return np.flatnonzero(new)
+
+
+def reduce_sorted(codes, counts):
+    """Sum ``counts`` over runs of equal ``codes`` (sorted)."""
+    if codes.size == 0:
+        return codes, counts
+    starts = run_starts(codes)
+    if starts.size == codes.size:  # no ties
+        return codes, counts
+    return codes[starts], np.add.reduceat(counts, starts)
+
+
+class CodeCounter:
+    """Counts per distinct int64 code, fed in chunks and merged every few million entries.
+
+    Memory: the distinct codes seen so far (two int64 each) plus at most ``_COMPACT_ROWS``
+    buffered entries."""
+
+    def __init__(self):
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int64)
+        self._chunks: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._buffered = 0
+        self._few_ties = False  # the merged codes hold at most two rows each on average
+
+    def add(self, codes, counts=None) -> bool:
+        """Buffer codes (one row each, or with ``counts``); True when a merge ran."""
+        self._chunks.append((np.asarray(codes, dtype=np.int64), counts))
+        self._buffered += len(codes)
+        # Merge when the buffer holds as many entries as the merged codes (at least
+        # _COMPACT_ROWS): each merge re-sorts the accumulated codes, so waiting until the buffer
+        # matches them keeps the total sorting work O(n log n) when most rows are distinct.
+        # While the merged codes have few ties, merging saves no memory (a buffered row is 8
+        # bytes, a merged code 16), so the buffer may grow to four times them (a fifth of the
+        # sorting work).
+        ahead = 4 if self.codes.size and self._few_ties else 1
+        if self._buffered >= max(_COMPACT_ROWS, min(ahead * self.codes.size, _MERGE_CAP)):
+            self.compact()
+            return True
+        return False
+
+    def compact(self) -> None:
+        """Merge the buffered chunks into the sorted distinct codes and their counts.
+
+        Raw chunks (one row each) are sorted with ``np.sort`` and counted by runs; chunks with
+        counts by an unstable argsort (equal codes are summed, so their order does not
+        matter); the sorted parts are then merged by a stable argsort, which finds the runs.
+        Each buffered array is dropped once merged. For 500 groups of 1e4 random codes, folded
+        without a spill, this took 0.71-0.98 s of CPU against 0.99-1.46 s for one stable
+        argsort of everything. While the merged codes have few ties (at most two rows a code on
+        average) they are expanded back to rows and sorted with the raw chunks instead: on
+        packed input of 5e6 distinct codes this halved the fold's CPU."""
+        if not self._chunks:
+            return
+        chunks, self._chunks, self._buffered = self._chunks, [], 0
+        raw = [c for c, w in chunks if w is None]
+        weighted = [(c, np.asarray(w, dtype=np.int64)) for c, w in chunks if w is not None]
+        del chunks  # each buffered array is freed as soon as it is merged
+        parts = [(self.codes, self.counts)] if self.codes.size else []
+        if raw and parts and self._few_ties:
+            # few ties so far: the merged codes as rows (at most twice as many) join the raw
+            # ones, and one np.sort replaces the stable argsort of the merge
+            raw.append(np.repeat(self.codes, self.counts))
+            parts = []
+            self.codes = self.counts = np.zeros(0, dtype=np.int64)
+        if raw:
+            codes = np.concatenate(raw) if len(raw) > 1 else raw[0].copy()
+            del raw
+            codes.sort()
+            parts.append(count_runs(codes))
+            del codes
+        if weighted:
+            parts.append(sum_weighted(weighted))
+        if len(parts) == 1:
+            self.codes, self.counts = parts[0]
+        else:
+            codes = np.concatenate([c for c, _ in parts])
+            order = np.argsort(codes, kind="stable")  # sorted runs: timsort merges them
+            codes = codes[order]
+            counts = np.concatenate([w for _, w in parts])[order]
+            del parts, order
+            self.codes, self.counts = reduce_sorted(codes, counts)
+        self._few_ties = int(self.counts.sum()) <= 2 * self.codes.size
+
+
+def sum_weighted(weighted):
+    """``(distinct codes, summed counts)`` of buffered ``(codes, counts)`` chunks (an unstable
+    argsort: equal codes are summed, so their order does not matter). Empties ``weighted``,
+    so that the chunks are freed before the sort."""
+    codes = np.concatenate([c for c, _ in weighted])
+    counts = np.concatenate([w for _, w in weighted])
+    weighted.clear()
+    order = np.argsort(codes)
+    return reduce_sorted(codes[order], counts[order])
+
+
+def count_runs(codes):
+    """``(distinct codes, count of each)`` of sorted ``codes`` (one row each)."""
+    if codes.size == 0:
+        return codes, np.zeros(0, dtype=np.int64)
+    starts = run_starts(codes)
+    if starts.size == codes.size:  # no ties
+        return codes, np.ones(codes.size, dtype=np.int64)
+    return codes[starts], np.diff(starts, append=codes.size).astype(np.int64)
+
+
+class Fold:
+    """One partition's rows as counts per (group, grid index), in bounded memory.
+
+    Codes are ``gid * 2**33 + k`` (``k`` the index on the default grid, at most ``2**32``).
+    While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
+    it the fold *spills* if the spill saves memory, that is if the distinct (group, coarse cell
+    ``k >> 12``) codes are at most ``shrink`` times the distinct codes; otherwise (values
+    spread over more cells than they fill, as 1e4 rows a group over a span of 2**20 coarse
+    cells) the coarse counts would be as many as the fine ones, so the budget doubles and the
+    test is made again when it is reached. A spilled fold appends the codes to a temporary file
+    in the worker's temp directory (deleted by :meth:`close`) in chunks of up to
+    ``_COMPACT_ROWS`` rows, each stored as raw codes (8 bytes a row) or as distinct (code,
+    count) pairs when that is smaller, and memory keeps only counts per (group, coarse cell),
+    at most ``2**20 + 1`` per group whatever its number of rows.
+    :meth:`fine_counts` re-reads the file in chunks for the coarse cells asked for.
+
+    Spilled or not, each group's release has the same distribution to within total variation
+    2**-59 (:mod:`dpq_spark.core.quantiles.coarse_bands`); the choice depends on the data's spread, and
+    shows only in time and memory.
+    """
+
+    SHIFT = 33  # bits of k in a code
+    _COARSE_SHIFT = 21  # bits of the coarse cell in a coarse code
+
+    def __init__(self, budget: int, shrink: float = SPILL_SHRINK):
+        self.budget = int(budget)
+        self.shrink = float(shrink)
+        self.fine = CodeCounter()
+        self.coarse: CodeCounter | None = None
+        self._spill = None
+
+    @property
+    def spilled(self) -> bool:
+        return self._spill is not None
+
+    def add(self, codes, counts=None) -> None:
+        """Count ``codes`` (one row each, or ``counts`` rows each)."""
+        codes = np.asarray(codes, dtype=np.int64)
+        if codes.size == 0:
+            return
+        if self._spill is None:
+            if self.fine.add(codes, counts) and self.fine.codes.size > self.budget:
+                self._over_budget()
+            return
+        if counts is None:
+            self._pending.append(codes)
+        else:
+            self._weighted.append((codes, np.asarray(counts, dtype=np.int64)))
+        self._pending_rows += codes.size
+        if self._pending_rows >= _COMPACT_ROWS:
+            self._flush()
+
+    def finish(self) -> None:
+        if self._spill is None:
+            self.fine.compact()
+            if self.fine.codes.size > self.budget:
+                self._over_budget()
+        self._flush()
+        if self.coarse is not None:
+            self.coarse.compact()
+
+    def _over_budget(self) -> None:
+        """Spill if the coarse counts would be at most ``shrink`` times the fine ones, else
+        double the budget."""
+        coarse = self.coarse_code(self.fine.codes)  # sorted, as the fine codes are
+        distinct = 1 + int(np.count_nonzero(coarse[1:] != coarse[:-1]))  # fine codes: >= 1
+        del coarse
+        if distinct <= self.shrink * self.fine.codes.size:
+            self._start_spill()
+        else:
+            while self.budget < self.fine.codes.size:
+                self.budget *= 2
+
+    def _start_spill(self) -> None:
+        self._spill = tempfile.TemporaryFile(prefix="dpq_fold_")
+        self._pending, self._weighted, self._pending_rows = [], [], 0
+        self.coarse = CodeCounter()
+        codes, counts = self.fine.codes, self.fine.counts
+        self.fine = CodeCounter()
+        self._write(codes, counts)
+
+    def _flush(self) -> None:
+        if self._spill is None:
+            return
+        pending, weighted = self._pending, self._weighted
+        self._pending, self._weighted, self._pending_rows = [], [], 0
+        if pending:
+            raw = np.sort(np.concatenate(pending))
+            del pending
+            codes, counts = count_runs(raw)
+            if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
+                self._write(raw, None)
+                self.coarse.add(*reduce_sorted(self.coarse_code(codes), counts))
+            else:
+                self._write(codes, counts)
+        if weighted:
+            self._write(*sum_weighted(weighted))
+
+    def _write(self, codes, counts) -> None:
+        """Append one chunk: header (size, has counts), the codes, then the counts if any."""
+        header = np.array([codes.size, counts is not None], dtype=np.int64)
+        self._spill.write(header.tobytes())
+        self._spill.write(np.ascontiguousarray(codes, dtype=np.int64).tobytes())
+        if counts is not None:
+            self._spill.write(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
+            self.coarse.add(*reduce_sorted(self.coarse_code(codes), counts))
+
+    def _chunks(self):
+        """The spilled (codes, counts) chunks, read back one at a time."""
+        self._spill.flush()
+        self._spill.seek(0)
+        while True:
+            head = self._spill.read(16)
+            if not head:
+                return
+            size, has_counts = np.frombuffer(head, dtype=np.int64)
+            codes = np.frombuffer(self._spill.read(8 * int(size)), dtype=np.int64)
+            if has_counts:
+                counts = np.frombuffer(self._spill.read(8 * int(size)), dtype=np.int64)
+            else:
+                counts = np.ones(codes.size, dtype=np.int64)
+            yield codes, counts
+
+    @classmethod
+    def coarse_code(cls, codes):
+        """``gid * 2**21 + (k >> 12)`` of ``gid * 2**33 + k``: since ``k < 2**33`` this is the
+        code shifted right by 12 bits (monotone, so sorted codes give sorted coarse codes)."""
+        return codes >> COARSE_SHIFT
+
+    def groups(self):
+        """Sorted gids and, per gid, ``(a, b)`` slices into :meth:`arrays`."""
+        codes, shift = (self.fine.codes, self.SHIFT) if self._spill is None else (
+            self.coarse.codes, self._COARSE_SHIFT)
+        gid = codes >> shift
+        starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]]) if gid.size else np.zeros(0, int)
+        ends = np.r_[starts[1:], gid.size].astype(np.int64)
+        return gid[starts], starts, ends
+
+    def arrays(self):
+        """``(index, counts)``: fine grid indices when not spilled, else coarse cells."""
+        if self._spill is None:
+            codes = self.fine.codes
+            return codes - ((codes >> self.SHIFT) << self.SHIFT), self.fine.counts
+        codes = self.coarse.codes
+        return codes - ((codes >> self._COARSE_SHIFT) << self._COARSE_SHIFT), self.coarse.counts
+
+    def fine_counts(self, wanted) -> tuple[np.ndarray, np.ndarray]:
+        """Exact counts per fine code of the spilled rows whose coarse code is in ``wanted``
+        (sorted int64), read back in chunks."""
+        out = CodeCounter()
+        wanted = np.asarray(wanted, dtype=np.int64)
+        if wanted.size == 0:
+            return out.codes, out.counts
+        for codes, counts in self._chunks():
+            coarse = self.coarse_code(codes)
+            at = np.minimum(np.searchsorted(wanted, coarse), wanted.size - 1)
+            hit = wanted[at] == coarse
+            if hit.any():
+                out.add(codes[hit], counts[hit])
+        out.compact()
+        return out.codes, out.counts
+
+    def close(self) -> None:
+        if self._spill is not None:
+            self._spill.close()

@@ -1,0 +1,123 @@
+"""Public-key codes sorted and packed per group before the shuffle, and unpacked after it.
+
+:func:`pack_partition` is a ``mapInArrow`` body on the map side; :func:`unpacked` reads its rows
+on the reduce side. Reads no randomness and releases nothing: the codes only change place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dpq_spark.spark._columns import CODES, COUNTS, GID
+from dpq_spark.spark._fold import count_runs, run_starts
+
+__all__ = ["pack_partition", "unpacked"]
+
+_PACK_ROWS = 1 << 20  # codes a map task sorts together before packing them
+
+
+_PACK_WIDTH = 256  # at most this many codes (2 KiB) in one packed row
+
+
+def pack_partition(batches, span: int, keys: pa.Array | None = None):
+    """``mapInArrow`` body before the public-key shuffle: the same codes, sorted and packed.
+
+    Each input row is one ``CODE`` (``gid * span + index``). Up to ``_PACK_ROWS`` codes at a time
+    are sorted and cut into rows of one group each, ``GID`` and at most ``_PACK_WIDTH`` codes
+    as the bytes of int64s in ``CODES``; when the sorted codes have many ties they go as
+    distinct codes with their counts (``COUNTS``, else empty bytes: one row each). The multiset
+    of codes of every group is unchanged, so the release is too; the shuffle then moves rows of
+    bytes, about 1/230 as many as data rows (4.3e4 for 1e7 rows in 1,000 groups), where its
+    cost per row was most of its cost. Memory:
+    the buffered codes and their sorted copy (tens of MiB), whatever the partition's size.
+    Reads no randomness and releases nothing (the codes only change place).
+
+    With ``keys`` (the public keys of one integral or plain string column, distinct, no null)
+    each input row is instead a key and a grid index, and the code is made here: ``gid`` is the
+    key's place in ``keys`` (Arrow's ``index_in``, exact equality on these types, one hash table
+    per chunk), and a row whose key is not listed is dropped (a null key matches nothing). That
+    is the inner join with the key list, without the driver building and broadcasting it.
+    """
+    buffered, size = [], 0
+    for batch in batches:
+        if len(batch) == 0:
+            continue
+        buffered.append(batch)
+        size += len(batch)
+        if size >= _PACK_ROWS:
+            yield from _packed_batches(buffered, span, keys)
+            buffered, size = [], 0
+    if buffered:
+        yield from _packed_batches(buffered, span, keys)
+
+
+def _packed_batches(batches, span: int, keys):
+    if keys is None:
+        codes = [np.asarray(b.column(0), dtype=np.int64) for b in batches]
+    else:
+        key = pa.concat_arrays([b.column(0) for b in batches])
+        index = pc.index_in(key, value_set=keys.cast(key.type))
+        listed = np.asarray(index.is_valid())
+        cell = np.concatenate([np.asarray(b.column(1), dtype=np.int64) for b in batches])
+        gid = np.asarray(index.fill_null(0), dtype=np.int64)
+        codes = [gid[listed] * span + cell[listed]]
+        if codes[0].size == 0:
+            return
+    yield _packed(codes, span)
+
+
+def _packed(buffered, span: int) -> pa.RecordBatch:
+    raw = np.concatenate(buffered) if len(buffered) > 1 else buffered[0].copy()
+    raw.sort()
+    codes, counts = count_runs(raw)
+    if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
+        codes, counts = raw, None
+    del raw
+    gid = codes // span
+    starts = run_starts(gid)
+    ends = np.append(starts[1:], codes.size)
+    pieces = -(-(ends - starts) // _PACK_WIDTH)
+    piece = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    first = np.repeat(starts, pieces) + _PACK_WIDTH * piece
+    offsets = pa.py_buffer((8 * np.r_[first, codes.size]).astype(np.int32))
+    n = first.size
+
+    def blob(values):
+        return pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(values)])
+
+    if counts is None:
+        counts_column = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+            np.zeros(n + 1, dtype=np.int32)), pa.py_buffer(b"")])
+    else:
+        counts_column = blob(counts)
+    return pa.RecordBatch.from_arrays([pa.array(gid[first]), blob(codes), counts_column],
+                                      names=[GID, CODES, COUNTS])
+
+
+def int64s(column) -> tuple[np.ndarray, np.ndarray]:
+    """The int64s stored as bytes in a binary (or large binary) Arrow column, concatenated in
+    row order, and the number in each row (no copy)."""
+    width = 8 if pa.types.is_large_binary(column.type) else 4
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32 if width == 4 else np.int64,
+                            count=len(column) + 1, offset=width * column.offset)
+    lengths = np.diff(offsets) // 8
+    data = column.buffers()[2]
+    total = int(offsets[-1] - offsets[0]) // 8
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), lengths
+    return np.frombuffer(data, dtype=np.int64, count=total, offset=int(offsets[0])), lengths
+
+
+def unpacked(batch):
+    """``(codes, counts or None)`` of one batch of :func:`pack_partition`'s rows."""
+    codes, lengths = int64s(batch.column(CODES))
+    counts, given = int64s(batch.column(COUNTS))
+    if counts.size == 0:
+        return codes, None
+    if counts.size == codes.size:
+        return codes, counts
+    weights = np.ones(codes.size, dtype=np.int64)  # rows of both kinds: counts where given
+    weights[np.repeat(given > 0, lengths)] = counts
+    return codes, weights
