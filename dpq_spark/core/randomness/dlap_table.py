@@ -31,6 +31,16 @@ Exact thresholds. ``floor(2**b r_k)`` is computed with :mod:`decimal` at ``P`` s
 (``exp`` is correctly rounded there; a division and two products add a few units of the last
 digit). The relative error of the computed value is below ``(4 k / scale + 20) 10**(1 - P)``;
 the floor is accepted only when the whole error interval has one floor, else ``P`` is doubled.
+
+The table's ``T_1 > T_2 > ...`` (about ``scale * 35`` of them) are built faster, and exactly, by
+interval arithmetic on integers (:func:`_thresholds`): with ``B = 128``, integers ``Q_lo <= 2**B q
+<= Q_hi`` and ``R_lo <= 2**(B + 63) r_1 <= R_hi`` (each from one decimal evaluation, widened by
+two units), the bounds ``R_lo <- floor(R_lo Q_lo / 2**B)`` and ``R_hi <- ceil(R_hi Q_hi / 2**B)``
+still enclose ``2**(B + 63) r_k`` at every step, since ``r_(k+1) = q r_k``. When both give the
+same ``floor(R / 2**B)``, that is ``T_k``; otherwise (the bounds straddle an integer: a relative
+width of about ``k 2**-126``, so practically never) ``T_k`` comes from the decimal rule above.
+A scale of 22,500 (AggTree at epsilon = 0.01 on deep trees) builds in about 0.4 s, where the
+decimal rule alone took about 40 s.
 """
 
 from __future__ import annotations
@@ -73,6 +83,44 @@ def _floor_scaled(scale: Fraction, k: int, bits: int) -> int:
         digits *= 2
 
 
+_WORK_BITS = 128  # B of the interval arithmetic in _thresholds
+
+
+def _scaled_bounds(value, digits: int = 80) -> tuple[int, int]:
+    """Integers ``lo <= 2**_WORK_BITS * value(ctx) <= hi``: ``value`` evaluated once at
+    ``digits`` significant digits (relative error far below ``2**-_WORK_BITS``), widened."""
+    ctx = decimal.Context(prec=digits, rounding=decimal.ROUND_HALF_EVEN)
+    v = ctx.multiply(value(ctx), decimal.Decimal(1 << _WORK_BITS))
+    f = int(v.to_integral_value(rounding=decimal.ROUND_FLOOR))
+    return f - 1, f + 2
+
+
+def _thresholds(scale: Fraction) -> list[int]:
+    """``T_k = floor(2**63 r_k)`` for ``k = 1, 2, ...`` while ``T_k >= _TAIL_FLOOR`` and strictly
+    decreasing, exactly (module docstring: interval bounds, the decimal rule where they
+    straddle an integer)."""
+    def x(ctx):
+        return ctx.divide(decimal.Decimal(scale.denominator), decimal.Decimal(scale.numerator))
+
+    def q(ctx):
+        return ctx.exp(ctx.minus(x(ctx)))
+
+    q_lo, q_hi = _scaled_bounds(q)
+    r_lo, r_hi = _scaled_bounds(lambda ctx: ctx.divide(ctx.multiply(2, q(ctx)), ctx.add(1, q(ctx))))
+    r_lo, r_hi = r_lo << _U_BITS, r_hi << _U_BITS  # 2**(B + 63) r_1
+    out: list[int] = []
+    k = 1
+    while True:
+        lo, hi = r_lo >> _WORK_BITS, r_hi >> _WORK_BITS
+        t = lo if lo == hi else _floor_scaled(scale, k, _U_BITS)
+        if t < _TAIL_FLOOR or (out and t >= out[-1]):
+            return out  # keep T strictly decreasing: at most one threshold can equal U
+        out.append(t)
+        r_lo = (r_lo * q_lo) >> _WORK_BITS
+        r_hi = -((-r_hi * q_hi) >> _WORK_BITS)
+        k += 1
+
+
 class DLapTable:
     """Exact discrete Laplace sampler for one scale (module docstring).
 
@@ -87,14 +135,7 @@ class DLapTable:
 
     def __init__(self, scale):
         self.scale = as_fraction(scale, "scale")
-        thresholds = []
-        k = 1
-        while True:
-            t = _floor_scaled(self.scale, k, _U_BITS)
-            if t < _TAIL_FLOOR or (thresholds and t >= thresholds[-1]):
-                break  # keep T strictly decreasing: at most one threshold can equal U
-            thresholds.append(t)
-            k += 1
+        thresholds = _thresholds(self.scale)
         if not thresholds:  # scale so small that P(|Y| >= 1) < 2**-23: all via the tail rule
             thresholds = [_floor_scaled(self.scale, 1, _U_BITS)]
         self.thresholds = np.array(thresholds, dtype=np.int64)  # T_1 > T_2 > ... > T_K

@@ -333,6 +333,44 @@ def test_dlap_table_thresholds_are_exact_floors():
             assert math.floor(lo) == math.floor(hi) == _floor_scaled(table.scale, k, bits)
 
 
+def test_dlap_table_interval_thresholds_are_the_decimal_floors(monkeypatch):
+    """The interval-arithmetic build gives every T_k of the decimal rule: all of them at small
+    scales, a sample (the first, the last, 300 at random) at AggTree's small-epsilon scales. A
+    straddled interval falls back to the decimal rule (forced here by a shift of one bit)."""
+    import random
+    from fractions import Fraction
+
+    from dpq_spark.core.randomness import dlap_table as D
+
+    for scale in (Fraction(3, 7), Fraction(1), dlap_scale(4, 0.95), Fraction(250)):
+        table = D.DLapTable(scale)
+        expected = []
+        for k in range(1, table.depth + 2):
+            t = _floor_scaled(table.scale, k, 63)
+            if t < D._TAIL_FLOOR or (expected and t >= expected[-1]):
+                break
+            expected.append(t)
+        assert table.thresholds.tolist() == (expected or [_floor_scaled(table.scale, 1, 63)])
+    for scale in (dlap_scale(8, 0.01), dlap_scale(1, 0.05 * 0.001)):  # 800 and 20,000
+        got = D._thresholds(scale)
+        ks = [1, len(got)] + random.Random(0).sample(range(1, len(got) + 1), 300)
+        assert all(got[k - 1] == _floor_scaled(scale, k, 63) for k in ks)
+        assert _floor_scaled(scale, len(got) + 1, 63) >= got[-1] or \
+            _floor_scaled(scale, len(got) + 1, 63) < D._TAIL_FLOOR  # it stopped where it should
+    exact = D._thresholds(Fraction(5))
+    wide = D._thresholds(Fraction(250))
+    for bits in (20, 24, 28):  # narrow words: the bounds must still enclose every r_k
+        monkeypatch.setattr(D, "_WORK_BITS", bits)
+        assert D._thresholds(Fraction(250)) == wide
+    monkeypatch.undo()
+    calls = []
+    real = D._floor_scaled
+    monkeypatch.setattr(D, "_floor_scaled", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(D, "_WORK_BITS", 8)  # intervals too wide: T_k settled by decimal
+    assert D._thresholds(Fraction(5)) == exact
+    assert len(calls) > 0
+
+
 def test_dlap_table_prefix_table_agrees_with_the_full_comparison():
     """Every prefix marked sure has one magnitude over its whole range of 63-bit U, the one the
     table gives; the full comparison (used for open prefixes) is a sampler of |Y| by itself."""
