@@ -183,16 +183,19 @@ class OutputConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LedgerConfig:
-    """The privacy ledger (a URL without password) and the budget cap of the dataset.
+    """The privacy ledger (a URL without password), the dataset and, optionally, its caps.
 
+    The caps belong to the ledger (``dpq-spark ledger init`` and ``set-cap`` store them). A cap
+    given here may only lower the stored one for this job's runs; ``None`` means the stored cap.
     ``create`` lets the job create the ledger and the dataset's budget when they do not exist
-    yet (its first run); by default a missing ledger or dataset is an error.
+    yet (its first run, which then needs ``epsilon_cap``); by default a missing ledger or
+    dataset is an error.
     """
 
     url: str
     dataset_id: str
-    epsilon_cap: float
-    delta_cap: float = 0.0
+    epsilon_cap: float | None = None
+    delta_cap: float | None = None
     create: bool = False
     password_file: str | None = None
 
@@ -617,16 +620,17 @@ def _parse_ledger(sec: dict, delta: float | None) -> LedgerConfig:
         if not os.path.exists(password_file):
             _fail(f"`ledger.password_file` {password_file!r} does not exist")
     dataset_id = _string(sec, "ledger", "dataset_id", required=True)
-    cap = _real(sec, "ledger", "epsilon_cap")
-    if not (math.isfinite(cap) and cap > 0):
+    cap = _real(sec, "ledger", "epsilon_cap", required=False)
+    if cap is None and create:
+        _fail("`ledger.create = true` needs `ledger.epsilon_cap`: the cap of the budget it "
+              "creates")
+    if cap is not None and not (math.isfinite(cap) and cap > 0):
         _fail(f"`ledger.epsilon_cap` must be finite and > 0, got {sec['epsilon_cap']!r}")
     delta_cap = _real(sec, "ledger", "delta_cap", required=False)
-    if delta_cap is None:
-        delta_cap = 0.0
-    elif not (0.0 <= delta_cap < 1.0):
+    if delta_cap is not None and not (0.0 <= delta_cap < 1.0):
         _fail(f"`ledger.delta_cap` must be in [0, 1), got {sec['delta_cap']!r}")
     if delta is not None and delta_cap == 0.0:
-        _fail("`release.delta` is set but `ledger.delta_cap` is not: give the dataset a delta cap")
+        _fail("`release.delta` is set but `ledger.delta_cap` is 0: give the dataset a delta cap")
     return LedgerConfig(url=url, dataset_id=dataset_id, epsilon_cap=cap, delta_cap=delta_cap,
                         create=create, password_file=password_file)
 

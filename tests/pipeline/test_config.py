@@ -46,7 +46,7 @@ def test_valid_config_parses():
     assert cfg.input.group_by == ("language_code",)
     assert cfg.groups.keys == (("eng",), ("spa",))
     assert cfg.release.quantiles == QUANTILE_SHORTHANDS["deciles"]
-    assert cfg.output.mode == "error" and cfg.ledger.delta_cap == 0.0
+    assert cfg.output.mode == "error" and cfg.ledger.delta_cap is None  # the ledger's
 
 
 def test_bounds_and_mechanism_are_optional():
@@ -216,10 +216,10 @@ CASES = [
     ("password file for sqlite", lambda r: r["ledger"].update(password_file="/etc/hostname"), r"`ledger.password_file` is only for a PostgreSQL"),
     ("password file missing", lambda r: (r["ledger"].pop("path"), r["ledger"].update(url="postgresql://u@db/x", password_file="/nonexistent/pw")), r"`ledger.password_file` .* does not exist"),
     ("missing dataset id", lambda r: r["ledger"].pop("dataset_id"), r"`ledger.dataset_id` is required"),
-    ("missing cap", lambda r: r["ledger"].pop("epsilon_cap"), r"`ledger.epsilon_cap` is required"),
+    ("creating without a cap", lambda r: (r["ledger"].pop("epsilon_cap"), r["ledger"].update(create=True)), r"`ledger.create = true` needs `ledger.epsilon_cap`"),
     ("bad cap", lambda r: r["ledger"].update(epsilon_cap=0), r"`ledger.epsilon_cap` must be finite and > 0"),
     ("bad delta cap", lambda r: r["ledger"].update(delta_cap=1.5), r"`ledger.delta_cap` must be in \[0, 1\)"),
-    ("delta without delta cap", lambda r: (r.pop("groups"), r["release"].update(delta=1e-6)), r"give the dataset a delta cap"),
+    ("delta with a zero delta cap", lambda r: (r.pop("groups"), r["release"].update(delta=1e-6), r["ledger"].update(delta_cap=0.0)), r"`ledger.delta_cap` is 0: give the dataset a delta cap"),
     ("spark properties missing", lambda r: r["job"].update(spark_properties="/nonexistent.conf"), r"`job.spark_properties` .* does not exist"),
     ("empty name", lambda r: r["job"].update(name=""), r"`job.name` must be a non-empty string"),
 ]
@@ -236,3 +236,14 @@ def test_partition_selection_needs_no_keys():
                            r["ledger"].update(delta_cap=1e-5)))
     cfg = parse_config(raw)
     assert cfg.groups is None and cfg.release.delta == 1e-6
+
+
+def test_the_caps_come_from_the_ledger_unless_the_config_lowers_them():
+    """A config need not repeat the dataset's caps: without them the ledger's stored ones apply."""
+    raw = valid()
+    raw["ledger"].pop("epsilon_cap")
+    raw["ledger"].pop("delta_cap", None)
+    cfg = parse_config(raw)
+    assert (cfg.ledger.epsilon_cap, cfg.ledger.delta_cap) == (None, None)
+    raw["ledger"].update(epsilon_cap=2.0)
+    assert parse_config(raw).ledger.epsilon_cap == 2.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -355,3 +356,29 @@ create = true
     # a second release would pass the delta cap: refused before reading
     assert main(["--config", str(tmp_path / "ps.toml"), "--output", str(tmp_path / "o2"),
                  "--epsilon", "1"]) == 3
+
+
+def test_a_cap_conflict_is_refused_before_spark_starts(tmp_path, monkeypatch):
+    """A configured cap above the ledger's, or a charge past the stored cap of a config that
+    gives none, is refused by the pre-check: no Spark session, no record."""
+    from dpq_spark.pipeline import job
+    from dpq_spark.pipeline.ledger import LedgerError, init_ledger
+
+    url = "sqlite://" + str(tmp_path / "ledger.sqlite")
+    init_ledger(url, dataset_id="scores", epsilon_cap=1.0)
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(job, "get_session", no_spark)
+    config = toml(tmp_path, small_csv(tmp_path), cap=5.0, epsilon=0.5)
+    cfg = load_config(config, [("ledger", "create", False)])
+    with pytest.raises(LedgerError, match=r"configured epsilon_cap=5 .* above the ledger's "
+                                          r"epsilon_cap=1"):
+        run_job(cfg)
+    raw_caps = load_config(config, [("ledger", "create", False), ("release", "epsilon", 2.0)])
+    raw_caps = dataclasses.replace(raw_caps, ledger=dataclasses.replace(
+        raw_caps.ledger, epsilon_cap=None))
+    with pytest.raises(BudgetExceededError, match="asks for epsilon=2 but only epsilon=1"):
+        run_job(raw_caps)
+    assert Ledger(tmp_path / "ledger.sqlite").records("scores") == []

@@ -265,3 +265,36 @@ def test_sqlite_ledger_class_is_the_plain_path_backend(tmp_path):
     ledger = SQLiteLedger(str(tmp_path / "sub" / "l.sqlite"), create=True)  # makes the dir
     assert ledger.name == str(tmp_path / "sub" / "l.sqlite")
     assert type(open_ledger(str(tmp_path / "sub" / "l.sqlite"))) is SQLiteLedger
+
+
+def test_set_cap_never_creates_a_budget(ledger_url):
+    """A mistyped dataset id is refused: only `init` starts a budget."""
+    ledger = init_ledger(ledger_url, dataset_id="books", epsilon_cap=2.0)
+    with pytest.raises(LedgerError, match=r"has no budget for dataset 'bokos'.*ledger init"):
+        ledger.set_cap("bokos", epsilon_cap=5.0)
+    assert ledger.datasets() == ["books"]
+    assert ledger.usage("bokos").epsilon_cap is None
+
+
+def test_set_cap_keeps_the_caps_not_given(ledger_url):
+    ledger = init_ledger(ledger_url, dataset_id="books", epsilon_cap=2.0, delta_cap=1e-6)
+    usage = ledger.set_cap("books", epsilon_cap=3.0)
+    assert (usage.epsilon_cap, usage.delta_cap) == (3.0, 1e-6)
+    assert ledger.set_cap("books", delta_cap=1e-5).epsilon_cap == 3.0
+    assert (ledger.usage("books").epsilon_cap, ledger.usage("books").delta_cap) == (3.0, 1e-5)
+    with pytest.raises(LedgerError, match="give `epsilon_cap`, `delta_cap` or both"):
+        ledger.set_cap("books")
+
+
+def test_set_cap_below_the_spent_total_is_refused_unless_forced(ledger_url):
+    ledger = init_ledger(ledger_url, dataset_id="books", epsilon_cap=2.0)
+    reserve(ledger, eps=1.5, cap=2.0)
+    with pytest.raises(LedgerError, match=r"epsilon_cap=1 is below the epsilon already spent "
+                                          r"\(1\.5\).*force"):
+        ledger.set_cap("books", epsilon_cap=1.0)
+    assert ledger.usage("books").epsilon_cap == 2.0  # unchanged
+    assert ledger.set_cap("books", epsilon_cap=1.5).epsilon_cap == 1.5  # exactly the spent total
+    usage = ledger.set_cap("books", epsilon_cap=1.0, force=True)
+    assert (usage.epsilon_cap, usage.epsilon_spent) == (1.0, 1.5)
+    with pytest.raises(BudgetExceededError):
+        reserve(ledger, eps=0.1, cap=1.0)

@@ -219,8 +219,8 @@ class Ledger:
         return self._write(txn)
 
     def reserve(self, dataset_id: str, *, epsilon: float, delta: float | None = None,
-                epsilon_cap: float, delta_cap: float = 0.0, mechanism: str,
-                parameters: dict[str, Any] | None = None, job: str | None = None,
+                epsilon_cap: float | None = None, delta_cap: float | None = None,
+                mechanism: str, parameters: dict[str, Any] | None = None, job: str | None = None,
                 create_dataset: bool = False) -> int:
         """Reserve ``epsilon`` (and ``delta``) for one release of ``dataset_id``.
 
@@ -230,9 +230,9 @@ class Ledger:
             The dataset the budget is of (the people it protects).
         epsilon, delta : float
             What the release will spend (``delta=None`` means 0).
-        epsilon_cap, delta_cap : float
-            The caps the caller's configuration states. They may only lower the dataset's
-            stored caps, never raise them.
+        epsilon_cap, delta_cap : float, optional
+            The caps the caller's configuration states, if any. They may only lower the
+            dataset's stored caps, never raise them; a cap not given is the stored one.
         mechanism : str
             Name of the mechanism, e.g. ``"joint_exp"``.
         parameters : dict, optional
@@ -241,7 +241,8 @@ class Ledger:
             Name of the job that reserves.
         create_dataset : bool
             Store ``epsilon_cap``/``delta_cap`` as the dataset's caps if the ledger does not know
-            the dataset yet (default False: an unknown dataset is an error).
+            the dataset yet (default False: an unknown dataset is an error). Needs
+            ``epsilon_cap``; a missing ``delta_cap`` is then 0.
 
         Returns
         -------
@@ -265,19 +266,15 @@ class Ledger:
             if row is None:
                 if not create_dataset:
                     raise self._missing_dataset(dataset_id)
-                _check_caps(epsilon_cap, delta_cap)
+                if epsilon_cap is None:
+                    raise LedgerError("creating a dataset's budget needs `epsilon_cap`")
+                new_delta_cap = 0.0 if delta_cap is None else delta_cap
+                _check_caps(epsilon_cap, new_delta_cap)
                 self._exec(conn, "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT "
                            "(dataset_id) DO NOTHING",
-                           (dataset_id, float(epsilon_cap), float(delta_cap), _now()))
+                           (dataset_id, float(epsilon_cap), float(new_delta_cap), _now()))
                 row = self._lock_budget(conn, dataset_id)
-            for asked, stored, what in ((epsilon_cap, row[0], "epsilon_cap"),
-                                        (delta_cap, row[1], "delta_cap")):
-                if asked > stored + _SLACK:
-                    raise self._error(
-                        f"the configured {what}={asked:g} for dataset {dataset_id!r} is above "
-                        f"the ledger's {what}={stored:g}; raise it explicitly with "
-                        "`dpq-spark ledger set-cap` if that is intended")
-            eps_cap, del_cap = min(epsilon_cap, row[0]), min(delta_cap, row[1])
+            eps_cap, del_cap = self._caps_in_force(dataset_id, row, epsilon_cap, delta_cap)
             eps_spent, del_spent = self._spent(conn, dataset_id)
             if eps_spent + epsilon > eps_cap + _SLACK:
                 raise BudgetExceededError(epsilon, max(0.0, eps_cap - eps_spent), "epsilon")
@@ -297,25 +294,52 @@ class Ledger:
         return self._write(txn)
 
     def check_budget(self, dataset_id: str, *, epsilon: float, delta: float | None = None,
-                     epsilon_cap: float, delta_cap: float = 0.0,
-                     create_dataset: bool = False) -> None:
+                     epsilon_cap: float | None = None, delta_cap: float | None = None,
+                     create_dataset: bool = False) -> BudgetUsage:
         """Refuse early (without reserving) when the charge would not fit now.
 
-        A read-only pre-check so that a job can stop before it starts Spark; only
-        :meth:`reserve` is authoritative (another job may spend in between).
+        A read-only pre-check so that a job can stop before it starts Spark: the same refusals
+        as :meth:`reserve` (unknown dataset, a configured cap above the stored one, a charge
+        past a cap). Only :meth:`reserve` is authoritative (another job may spend in between).
+
+        Returns
+        -------
+        BudgetUsage
+            The dataset's spent totals and the caps in force (the lower of the configured and
+            the stored ones); for a dataset ``create_dataset`` would create, the configured
+            caps and nothing spent.
         """
         usage = self.usage(dataset_id)
         if usage.epsilon_cap is None:
             if not create_dataset:
                 raise self._missing_dataset(dataset_id)
-            return
-        eps_cap = min(epsilon_cap, usage.epsilon_cap)
+            if epsilon_cap is None:
+                raise LedgerError("creating a dataset's budget needs `epsilon_cap`")
+            return BudgetUsage(dataset_id, 0.0, 0.0, float(epsilon_cap),
+                               0.0 if delta_cap is None else float(delta_cap))
+        eps_cap, del_cap = self._caps_in_force(
+            dataset_id, (usage.epsilon_cap, usage.delta_cap), epsilon_cap, delta_cap)
         if usage.epsilon_spent + float(epsilon) > eps_cap + _SLACK:
             raise BudgetExceededError(epsilon, max(0.0, eps_cap - usage.epsilon_spent), "epsilon")
         delta = 0.0 if delta is None else float(delta)
-        del_cap = min(delta_cap, usage.delta_cap)
         if delta > 0 and usage.delta_spent + delta > del_cap + _SLACK * del_cap:
             raise BudgetExceededError(delta, max(0.0, del_cap - usage.delta_spent), "delta")
+        return BudgetUsage(dataset_id, usage.epsilon_spent, usage.delta_spent, eps_cap, del_cap)
+
+    def _caps_in_force(self, dataset_id: str, stored, epsilon_cap, delta_cap) -> tuple[float, float]:
+        """The lower of the configured and the stored caps; a configured cap above the stored
+        one is refused (only :meth:`set_cap` raises a cap)."""
+        caps = []
+        for asked, have, what in ((epsilon_cap, stored[0], "epsilon_cap"),
+                                  (delta_cap, stored[1], "delta_cap")):
+            have = float(have)
+            if asked is not None and asked > have + _SLACK:
+                raise self._error(
+                    f"the configured {what}={asked:g} for dataset {dataset_id!r} is above "
+                    f"the ledger's {what}={have:g}; raise it explicitly with "
+                    "`dpq-spark ledger set-cap` if that is intended")
+            caps.append(have if asked is None else min(float(asked), have))
+        return caps[0], caps[1]
 
     def _move(self, record_id: int, allowed_from: tuple[str, ...], to: str, *,
               output: str | None = None, note: str | None = None,
@@ -378,20 +402,56 @@ class Ledger:
 
         self._write(txn)
 
-    def set_cap(self, dataset_id: str, *, epsilon_cap: float, delta_cap: float = 0.0) -> None:
-        """Set a dataset's caps explicitly (the only way to raise them)."""
-        _check_caps(epsilon_cap, delta_cap)
+    def set_cap(self, dataset_id: str, *, epsilon_cap: float | None = None,
+                delta_cap: float | None = None, force: bool = False) -> BudgetUsage:
+        """Change an existing dataset's caps (the only way to raise them); never creates one.
 
-        def txn(conn) -> None:
-            self._exec(
-                conn,
-                "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
-                "epsilon_cap = excluded.epsilon_cap, delta_cap = excluded.delta_cap, "
-                "updated_at = excluded.updated_at",
-                (dataset_id, float(epsilon_cap), float(delta_cap), _now()),
-            )
+        Parameters
+        ----------
+        dataset_id : str
+            A dataset that :func:`~dpq_spark.pipeline.ledger.init_ledger` created.
+        epsilon_cap, delta_cap : float, optional
+            The new caps; a cap not given keeps its stored value. At least one is required.
+        force : bool
+            Allow a cap below what the dataset has already spent (no release fits afterwards).
 
-        self._write(txn)
+        Returns
+        -------
+        BudgetUsage
+            The dataset's spent totals and its new caps.
+
+        Raises
+        ------
+        LedgerError
+            If the dataset has no budget (a mistyped id never starts a fresh one), no cap is
+            given, a cap is invalid, or a cap is below the spent total and ``force`` is false
+            (the message says what is spent).
+        """
+        if epsilon_cap is None and delta_cap is None:
+            raise LedgerError("give `epsilon_cap`, `delta_cap` or both")
+
+        def txn(conn) -> BudgetUsage:
+            stored = self._lock_budget(conn, dataset_id)  # (epsilon_cap, delta_cap)
+            if stored is None:
+                raise self._missing_dataset(dataset_id)
+            eps_cap = float(stored[0]) if epsilon_cap is None else epsilon_cap
+            dlt_cap = float(stored[1]) if delta_cap is None else delta_cap
+            _check_caps(eps_cap, dlt_cap)
+            eps, delta = self._spent(conn, dataset_id)
+            below = []
+            if eps_cap < eps - _SLACK:
+                below.append(f"epsilon_cap={eps_cap:g} is below the epsilon already spent "
+                             f"({eps:g})")
+            if dlt_cap < delta - _SLACK:
+                below.append(f"delta_cap={dlt_cap:g} is below the delta already spent ({delta:g})")
+            if below and not force:
+                raise self._error(f"dataset {dataset_id!r}: " + "; ".join(below)
+                                  + "; no release would fit (pass force to set it anyway)")
+            self._exec(conn, "UPDATE budgets SET epsilon_cap = ?, delta_cap = ?, updated_at = ? "
+                       "WHERE dataset_id = ?", (float(eps_cap), float(dlt_cap), _now(), dataset_id))
+            return BudgetUsage(dataset_id, eps, delta, float(eps_cap), float(dlt_cap))
+
+        return self._write(txn)
 
     # -- reading ---------------------------------------------------------------------------
 
