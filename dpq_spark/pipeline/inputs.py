@@ -5,7 +5,10 @@ Each reader resolves a schema and builds a lazy DataFrame; none of them reads a 
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from dpq_spark.pipeline.config import ConfigError, GroupsConfig, InputConfig
@@ -107,32 +110,113 @@ def read_input(spark: "SparkSession", inp: InputConfig,
 
 
 def read_keys(spark: "SparkSession", groups: GroupsConfig | None, data: "DataFrame",
-              group_by: tuple[str, ...]) -> "DataFrame | None":
-    """The public group keys as a DataFrame with the input's group column types.
+              group_by: tuple[str, ...]) -> "DataFrame | list | None":
+    """The public group keys, typed exactly as the input's group columns, never cast.
 
-    The keys are public, so the job may look at them: an empty key set (e.g. a key file with a
-    header and no rows) is refused before any budget is reserved.
+    Keys from the config (``groups.keys``) are checked value by value against the group
+    columns' Spark types, as ``dp_quantiles`` checks a list. Keys from a CSV file are text:
+    each is parsed exactly into its column's type (an integer from its digits, never through
+    a float). Keys from a typed source (a Parquet file, a table) must have the group columns'
+    types. A key that does not fit is a :class:`ConfigError` naming ``groups`` and the column,
+    raised before any budget is reserved; so is an empty key set. The keys are public, so the
+    job may look at them (and collects those of a CSV file).
+
+    Returns
+    -------
+    list of tuple or DataFrame or None
+        A list of keys (config, CSV file) or a DataFrame of keys (typed source), for
+        ``dp_quantiles(groups=...)``.
     """
-    from dpq_spark.spark._compat import try_cast
-
     if groups is None:
         return None
+    fields = {f.name: f for f in data.schema.fields}
     if groups.keys is not None:
-        keys = spark.createDataFrame([list(k) for k in groups.keys], schema=list(group_by))
-    elif groups.path is not None:
+        return _checked_keys([tuple(k) for k in groups.keys], group_by, fields, "`groups.keys`")
+    where = ("`groups.path` " + repr(groups.path) if groups.path is not None
+             else f"`groups.table` {groups.table!r}")
+    if groups.path is not None:
         reader = spark.read.option("header", True) if groups.format == "csv" else spark.read
+        if groups.format == "csv":
+            reader = reader.option("inferSchema", False)
         keys = reader.format(groups.format).load(groups.path)
         keys = keys.toDF(*[c.strip() for c in keys.columns])
     else:
         keys = spark.table(groups.table)
     missing = [c for c in group_by if c not in keys.columns]
     if missing:
-        raise ConfigError(f"the public keys lack the group column(s) {missing}; "
+        raise ConfigError(f"the public keys in {where} lack the group column(s) {missing}; "
                           f"their columns are {keys.columns}")
-    types = {f.name: f.dataType for f in data.schema.fields}
-    keys = keys.select(*[try_cast(c, types[c]).alias(c) for c in group_by]).distinct()
+    keys = keys.select(*group_by).distinct()
+    if groups.path is not None and groups.format == "csv":  # text: parse each key exactly
+        rows = [tuple(_parse_key(v, c, fields[c].dataType, where) for v, c in zip(row, group_by))
+                for row in keys.collect()]
+        if not rows:
+            raise ConfigError(f"the public keys in {where} are empty: there is nothing to release")
+        return _checked_keys(rows, group_by, fields, where)
+    have = {f.name: f.dataType for f in keys.schema.fields}
+    wrong = [c for c in group_by if have[c] != fields[c].dataType]
+    if wrong:
+        c = wrong[0]
+        raise ConfigError(f"`groups`: the public keys in {where} have column {c!r} of type "
+                          f"{have[c].simpleString()}, but the input's {c!r} is "
+                          f"{fields[c].dataType.simpleString()}; keys are never cast (give "
+                          "them the column's type)")
     if not keys.take(1):
-        where = ("`groups.path` " + repr(groups.path) if groups.path is not None
-                 else f"`groups.table` {groups.table!r}")
         raise ConfigError(f"the public keys in {where} are empty: there is nothing to release")
     return keys
+
+
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def _parse_key(text, column: str, dtype, where: str):
+    """One key read as text from a key file, parsed exactly into ``dtype`` (None stays a null
+    key)."""
+    from pyspark.sql import types as T
+
+    if text is None:
+        return None
+    value = text.strip()
+
+    def refuse(need: str):
+        return ConfigError(f"`groups`: key {text!r} in {where} does not fit the group column "
+                           f"{column!r} ({dtype.simpleString()}): {need}; keys are never cast")
+
+    if isinstance(dtype, T.StringType):
+        return text
+    if isinstance(dtype, T.IntegralType):
+        if not _INTEGER_TEXT.fullmatch(value):
+            raise refuse("it needs an integer")
+        return int(value)
+    if isinstance(dtype, (T.FloatType, T.DoubleType)):
+        try:
+            return float(value)
+        except ValueError:
+            raise refuse("it needs a number") from None
+    if isinstance(dtype, T.DecimalType):
+        try:
+            return decimal.Decimal(value)
+        except decimal.InvalidOperation:
+            raise refuse("it needs a decimal number") from None
+    if isinstance(dtype, T.BooleanType):
+        if value.lower() not in ("true", "false"):
+            raise refuse("it needs true or false")
+        return value.lower() == "true"
+    if isinstance(dtype, T.DateType):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError:
+            raise refuse("it needs a date as YYYY-MM-DD") from None
+    raise ConfigError(f"`groups`: keys for the {dtype.simpleString()} group column {column!r} "
+                      f"cannot be read from a CSV file; use a Parquet file or a table of keys")
+
+
+def _checked_keys(rows: list[tuple], group_by: tuple[str, ...], fields: dict, where: str) -> list:
+    """``rows`` checked as ``dp_quantiles`` checks a list of keys (no cast), as a ConfigError."""
+    from dpq_spark.spark._arguments import check_groups
+
+    try:
+        check_groups(rows, group_by, fields)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"the public keys in {where}: {exc}") from None
+    return rows

@@ -107,7 +107,7 @@ def _check_group_by(group_by, fields: dict) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _check_groups(groups, keys: tuple[str, ...], fields: dict):
+def check_groups(groups, keys: tuple[str, ...], fields: dict):
     """Return None, a DataFrame of keys, or a ``pyarrow.Table`` of the distinct listed keys.
 
     Runs no Spark job. A ``groups`` DataFrame must hold the ``group_by`` columns with the same
@@ -178,7 +178,7 @@ def _check_groups(groups, keys: tuple[str, ...], fields: dict):
 
 
 def _plain_keys(groups, name: str, dtype):
-    """:func:`_check_groups` for the common case, without a Python step per key: one key
+    """:func:`check_groups` for the common case, without a Python step per key: one key
     column, integral with every key a plain ``int`` or string with every key a ``str``. Returns
     the table of distinct keys (first occurrence kept, in order) or None when the case does not
     apply (the general path then checks, and names, whatever is wrong)."""
@@ -332,7 +332,7 @@ def parse_request(
             f"`column` {column!r} must be numeric, got {fields[column].dataType.simpleString()}"
         )
     keys = _check_group_by(group_by, fields)
-    key_list = _check_groups(groups, keys, fields)
+    key_list = check_groups(groups, keys, fields)
     if privacy_unit is not None:
         _check_column_name(privacy_unit, "privacy_unit", fields)
     else:

@@ -382,3 +382,60 @@ def test_a_cap_conflict_is_refused_before_spark_starts(tmp_path, monkeypatch):
     with pytest.raises(BudgetExceededError, match="asks for epsilon=2 but only epsilon=1"):
         run_job(raw_caps)
     assert Ledger(tmp_path / "ledger.sqlite").records("scores") == []
+
+
+def test_public_keys_are_typed_never_cast(spark, tmp_path, caplog):
+    """Keys that do not fit the group column's type are refused before any reservation (a
+    try_cast once released them as a NULL key, charged); integral keys from a text file are
+    parsed exactly (no float round trip)."""
+    big = 2**53 + 1  # a float would round it to 2**53
+    pdf = pd.DataFrame({"g": np.repeat(np.array([300, big, 7], dtype=np.int64), 50),
+                        "s": np.repeat(["1", "2", "3"], 50), "v": np.tile(np.arange(50.0), 3)})
+    spark.createDataFrame(pdf).write.parquet(str(tmp_path / "data.parquet"))
+
+    def config(name, group_by, groups):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f"""
+[input]
+format = "parquet"
+path = "{tmp_path / 'data.parquet'}"
+column = "v"
+group_by = ["{group_by}"]
+[groups]
+{groups}
+[release]
+quantiles = "median"
+epsilon = 100.0
+lower = 0.0
+upper = 50.0
+[output]
+path = "{tmp_path / ('out_' + name)}"
+format = "json"
+[ledger]
+path = "{tmp_path / 'ledger.sqlite'}"
+dataset_id = "typed"
+epsilon_cap = 1000.0
+create = true
+""")
+        return str(path)
+
+    assert main(["--config", config("words", "g", 'keys = ["abc", "300", "xyz"]')]) == 2
+    assert "`groups" in caplog.text and "'g' is bigint and needs int, got str" in caplog.text
+    assert main(["--config", config("ints", "s", "keys = [1, 2]")]) == 2
+    assert "'s' is string and needs str, got int" in caplog.text
+    (tmp_path / "bad.csv").write_text("g\n300\n3e2\n")
+    assert main(["--config", config("badfile", "g", f'path = "{tmp_path / "bad.csv"}"')]) == 2
+    assert "key '3e2'" in caplog.text and "needs an integer" in caplog.text
+    spark.createDataFrame(pd.DataFrame({"g": np.array([300], dtype=np.int32)})).write.parquet(
+        str(tmp_path / "keys32.parquet"))
+    assert main(["--config", config("narrow", "g", f'path = "{tmp_path / "keys32.parquet"}"\n'
+                                                   'format = "parquet"')]) == 2
+    assert "column 'g' of type int, but the input's 'g' is bigint; keys are never cast" in \
+        caplog.text
+    assert not os.path.exists(tmp_path / "ledger.sqlite") or \
+        Ledger(tmp_path / "ledger.sqlite").records("typed") == []  # nothing reserved
+
+    (tmp_path / "keys.csv").write_text(f"g\n300\n{big}\n")
+    assert main(["--config", config("file", "g", f'path = "{tmp_path / "keys.csv"}"')]) == 0
+    released = spark.read.json(str(tmp_path / "out_file")).toPandas()
+    assert sorted(released["g"].tolist()) == [300, big]

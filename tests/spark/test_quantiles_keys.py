@@ -492,13 +492,13 @@ def test_plain_listed_keys_take_the_vectorised_path_with_the_general_result(dtyp
     """A list of plain ints (integral column) or strs (string column) is checked without a
     Python step per key; the table is the general path's (fed the same keys one at a time
     through an iterator): first occurrences, in order, with the column's Arrow type."""
-    from dpq_spark.spark._arguments import _check_groups, _plain_keys
+    from dpq_spark.spark._arguments import check_groups, _plain_keys
 
     fields = {"g": T.StructField("g", dtype)}
     fast = _plain_keys(keys, "g", dtype)
     assert fast is not None
-    general = _check_groups(iter(keys), ("g",), fields)
-    assert fast.equals(general) and _check_groups(keys, ("g",), fields).equals(general)
+    general = check_groups(iter(keys), ("g",), fields)
+    assert fast.equals(general) and check_groups(keys, ("g",), fields).equals(general)
     # outside its case it steps aside for the general path (which checks and names the error)
     assert _plain_keys(keys + [None], "g", dtype) is None
     assert _plain_keys(iter(keys), "g", dtype) is None
@@ -507,7 +507,7 @@ def test_plain_listed_keys_take_the_vectorised_path_with_the_general_result(dtyp
         bits = {T.LongType: 63, T.IntegerType: 31, T.ByteType: 7}[type(dtype)]
         assert _plain_keys(keys + [2**bits], "g", dtype) is None
         with pytest.raises(ValueError, match="out of the range"):
-            _check_groups(keys + [2**bits], ("g",), fields)
+            check_groups(keys + [2**bits], ("g",), fields)
 
 
 # --------------------------------------------------------------------------------------------
