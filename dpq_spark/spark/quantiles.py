@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import logging
 import time
@@ -49,16 +48,7 @@ _RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to th
 #: The ungrouped pass 1 counts rows per coarse cell k >> 16 (2**16 + 1 cells at most: a small
 #: hash aggregate); the grouped spill path keeps cells of k >> 12 (COARSE_SHIFT).
 GLOBAL_SHIFT = 16
-_ACTIONS: contextvars.ContextVar = contextvars.ContextVar("dpq_spark_actions", default=None)
-
-
-def to_arrow(df: DataFrame) -> pa.Table:
-    """Collect ``df`` (:func:`dpq_spark.spark._compat.to_arrow`), counting it as one Spark job of
-    the running release. Every job a release runs goes through here."""
-    counter = _ACTIONS.get()
-    if counter is not None:
-        counter[0] += 1
-    return _compat.to_arrow(df)
+to_arrow = _compat.to_arrow
 
 
 def dp_quantiles(
@@ -278,23 +268,19 @@ def dp_quantiles(
     what = (f"column={req.column!r} keys={list(req.keys)!r} m={len(req.quantiles)} "
             f"epsilon={req.epsilon:g} mechanism={req.mechanism}")  # public parameters only
     logger.debug("dp_quantiles: %s: starting", what)
-    jobs = [0]
-    token = _ACTIONS.set(jobs)
-    try:
-        key_table = _public_keys(req)
-        params, rows, lookup = _plan(req, key_table)
-        if key_table is not None:
-            path, table = "public keys", _release_public_keys(req, params, rows, key_table,
-                                                              lookup)
-        elif req.keys:
-            path, table = "partition selection", _release_selected_keys(req, params, rows)
-        else:
-            path, table = "global", _release_global(req, params, rows)
-        out = _materialise(req, table)
-    finally:
-        _ACTIONS.reset(token)
-    logger.info("dp_quantiles: %s: released in %.2fs, %d Spark job(s), path=%s",
-                what, time.perf_counter() - started, jobs[0], path)
+    key_table = _public_keys(req)
+    params, rows, lookup = _plan(req, key_table)
+    if key_table is not None:
+        path, table = "public keys", _release_public_keys(req, params, rows, key_table, lookup)
+    elif req.keys:
+        path, table = "partition selection", _release_selected_keys(req, params, rows)
+    else:
+        path, table = "global", _release_global(req, params, rows)
+    out = _materialise(req, table)
+    # Public parameters only: not the number of Spark jobs, which the ungrouped path decides
+    # from the data (a second pass when its coarse counts leave cells open).
+    logger.info("dp_quantiles: %s: released in %.2fs, path=%s", what,
+                time.perf_counter() - started, path)
     return out
 
 

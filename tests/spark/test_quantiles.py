@@ -200,3 +200,19 @@ def test_partition_selection_can_release_nothing(spark):
     out = dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0, upper=10, group_by="g",
                        delta=1e-9, rng=np.random.default_rng(0))
     assert out.collect() == [] and out.columns == ["g", "quantile", "value", "mechanism"]
+
+
+def test_the_release_log_holds_public_parameters_and_time_only(spark, caplog):
+    """The INFO line of a release names its public parameters, its time and its path; not the
+    number of Spark jobs, which the ungrouped path decides from the data."""
+    import logging
+    import re
+
+    caplog.set_level(logging.INFO, logger="dpq_spark")
+    df = spark.createDataFrame(pd.DataFrame({"x": np.linspace(0.0, 9.0, 500)}))
+    dp_quantiles(df, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=10.0,
+                 mechanism="joint_exp", rng=np.random.default_rng(0)).collect()
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("dpq_spark")]
+    assert lines and all(re.fullmatch(
+        r"dp_quantiles: column='x' keys=\[\] m=1 epsilon=1 mechanism=joint_exp: released in "
+        r"[0-9.]+s, path=global", line) for line in lines), lines
