@@ -19,19 +19,26 @@ __version__ = "0.1.0"
 _SPARK_NAMES = {
     "dp_quantiles": "dpq_spark.spark",
     "MedianMechanismSession": "dpq_spark.spark",
+    "BudgetSession": "dpq_spark.pipeline.session",
+}
+# Names of the pipeline that need no pyspark.
+_PIPELINE_NAMES = {
+    "PrivacyUnit": "dpq_spark.pipeline.ledger.unit",
 }
 
-__all__ = list(_core_all) + sorted(_SPARK_NAMES)
+__all__ = list(_core_all) + sorted(_SPARK_NAMES) + sorted(_PIPELINE_NAMES)
 
 
 def __getattr__(name: str):
     if name in _core._LAZY:
         return getattr(_core, name)
+    import importlib
+
+    if name in _PIPELINE_NAMES:
+        return getattr(importlib.import_module(_PIPELINE_NAMES[name]), name)
     module = _SPARK_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'dpq_spark' has no attribute {name!r}")
-    import importlib
-
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:  # pragma: no cover - exercised by the no-pyspark test

@@ -36,7 +36,7 @@ from dpq_spark.spark._release import (
 )
 from dpq_spark.spark._selection import laplace_scale, selection_threshold
 
-__all__ = ["dp_quantiles", "DEFAULT_RESOLUTION"]
+__all__ = ["dp_quantiles", "release_request", "DEFAULT_RESOLUTION"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,11 @@ def dp_quantiles(
     layout: str = "long",
 ) -> DataFrame:
     """Release differentially private quantiles of ``column``, globally or per group.
+
+    This function charges no privacy ledger and records nothing: every call spends ``epsilon``
+    again on the same people, and nothing counts it. To keep a dataset's budget across calls,
+    notebooks and jobs, release through :class:`dpq_spark.BudgetSession` (its ``quantiles``
+    takes these same arguments).
 
     Parameters
     ----------
@@ -264,6 +269,12 @@ def dp_quantiles(
         selection_fraction=selection_fraction, rng=rng, bounds_share=bounds_share,
         layout=layout,
     )
+    return release_request(req)
+
+
+def release_request(req: QuantileRequest) -> DataFrame:
+    """Run the release that :func:`dp_quantiles` describes, from its validated request (for
+    callers that validated it first: :class:`dpq_spark.pipeline.session.BudgetSession`)."""
     started = time.perf_counter()
     what = (f"column={req.column!r} keys={list(req.keys)!r} m={len(req.quantiles)} "
             f"epsilon={req.epsilon:g} mechanism={req.mechanism}")  # public parameters only

@@ -37,7 +37,9 @@ them, and a job creates them only when its config says ``ledger.create = true``.
 or dataset id therefore fails instead of starting a fresh, full budget. A configuration may ask
 for a *lower* cap than the stored one, but raising it needs an explicit :meth:`Ledger.set_cap`.
 
-The ledger stores public parameters only, never data, counts or results. Error messages name
+The ledger stores public parameters only, never data, counts or group sizes; a named release
+also stores its released values (public: they are the release), so that asking for it again
+returns it as it was. Error messages name
 the ledger by its redacted URL (:func:`redact_url`: no password).
 """
 
@@ -49,9 +51,11 @@ from dpq_spark.pipeline.ledger.base import (
 )
 from dpq_spark.pipeline.ledger.postgres import PostgresLedger
 from dpq_spark.pipeline.ledger.sqlite import SQLiteLedger
+from dpq_spark.pipeline.ledger.unit import ROW, PrivacyUnit
 
 __all__ = [
     "Ledger",
+    "PrivacyUnit",
     "SQLiteLedger",
     "LedgerRecord",
     "BudgetUsage",
@@ -107,13 +111,29 @@ def open_ledger(url: str, *, create: bool = False, password_file: str | None = N
 
 
 def init_ledger(url: str, *, dataset_id: str | None = None, epsilon_cap: float | None = None,
-                delta_cap: float = 0.0, password_file: str | None = None) -> Ledger:
+                delta_cap: float = 0.0, password_file: str | None = None,
+                unit: PrivacyUnit | None = None) -> Ledger:
     """Create a ledger (if missing) and, when ``dataset_id`` is given, the dataset's budget.
+
+    Parameters
+    ----------
+    url : str
+        Where the ledger lives (see :func:`open_ledger`).
+    dataset_id : str, optional
+        The dataset whose budget to create.
+    epsilon_cap, delta_cap : float
+        Its caps (``epsilon_cap`` is required with ``dataset_id``).
+    password_file : str, optional
+        For a PostgreSQL ledger.
+    unit : PrivacyUnit, optional
+        Whose privacy the budget counts (default: one row under add/remove). Every release
+        charged to it must protect this unit (or one containing it).
 
     Raises
     ------
     LedgerError
-        If the dataset already has a budget with other caps (use :meth:`Ledger.set_cap`).
+        If the dataset already has a budget with other caps (use :meth:`Ledger.set_cap`) or
+        another privacy unit.
     """
     if dataset_id is not None and epsilon_cap is None:
         raise LedgerError("`epsilon_cap` is required with `dataset_id`")
@@ -121,10 +141,15 @@ def init_ledger(url: str, *, dataset_id: str | None = None, epsilon_cap: float |
         _check_caps(epsilon_cap, delta_cap)
     ledger = open_ledger(url, create=True, password_file=password_file)
     if dataset_id is not None and not ledger.create_dataset(
-            dataset_id, epsilon_cap=epsilon_cap, delta_cap=delta_cap):
+            dataset_id, epsilon_cap=epsilon_cap, delta_cap=delta_cap, unit=unit):
         usage = ledger.usage(dataset_id)
         if (usage.epsilon_cap, usage.delta_cap) != (float(epsilon_cap), float(delta_cap)):
             raise ledger._error(
                 f"dataset {dataset_id!r} already has epsilon_cap={usage.epsilon_cap:g}, "
                 f"delta_cap={usage.delta_cap:g}; change caps with `dpq-spark ledger set-cap`")
+        stored = ledger.unit(dataset_id)
+        if stored != (unit or ROW):
+            raise ledger._error(
+                f"dataset {dataset_id!r} already has the privacy unit {stored.describe()}, not "
+                f"{(unit or ROW).describe()}; a budget keeps the unit it was created with")
     return ledger

@@ -21,9 +21,11 @@ import urllib.parse
 from typing import Any, Callable
 
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError
+from dpq_spark.pipeline.ledger.unit import PrivacyUnit
 
 __all__ = ["Ledger", "LedgerRecord", "BudgetUsage", "LedgerError", "COUNTED_STATUSES", "RECORD_COLUMNS",
-           "redact_url", "is_postgres_url", "url_has_password", "sqlite_path"]
+           "MIGRATIONS", "NAMED_INDEX", "redact_url", "is_postgres_url", "url_has_password",
+           "sqlite_path"]
 
 #: Statuses that count towards the cap.
 COUNTED_STATUSES = ("reserved", "spent", "committed")
@@ -31,7 +33,17 @@ COUNTED_STATUSES = ("reserved", "spent", "committed")
 #: Columns of a record, in the order of :class:`LedgerRecord` and of ``ledger export``.
 RECORD_COLUMNS = ("id", "dataset_id", "status", "epsilon", "delta", "mechanism", "parameters",
                   "output", "job", "host", "pid", "reserved_at", "updated_at", "note",
-                  "cancelled_by")
+                  "cancelled_by", "name")
+
+#: Columns added since the first ledgers were written: ``(table, column, SQL type)``. Opening an
+#: older ledger adds the missing ones in place (the backends' ``_migrate``); a missing column
+#: reads as NULL: no cancelled_by, no unit (one row), no name, no stored result.
+MIGRATIONS = (("releases", "cancelled_by", "TEXT"), ("budgets", "unit", "TEXT"),
+              ("releases", "name", "TEXT"), ("releases", "result", "TEXT"))
+#: One live (not cancelled) release per name and dataset; the check in :meth:`Ledger.reserve`
+#: runs under the budget row's lock, this index is the backstop.
+NAMED_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS releases_named ON releases (dataset_id, name) "
+               "WHERE name IS NOT NULL AND status <> 'cancelled'")
 
 # Sums of many small epsilons are not exact in floating point: 10 x 0.1 must fit a cap of 1.
 _SLACK = 1e-9
@@ -62,6 +74,7 @@ class LedgerRecord:
     updated_at: str
     note: str | None
     cancelled_by: str | None = None
+    name: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,15 +218,18 @@ class Ledger:
 
     # -- the budget ------------------------------------------------------------------------
 
-    def create_dataset(self, dataset_id: str, *, epsilon_cap: float,
-                       delta_cap: float = 0.0) -> bool:
-        """Store a new dataset's caps; returns False (and changes nothing) if it exists."""
+    def create_dataset(self, dataset_id: str, *, epsilon_cap: float, delta_cap: float = 0.0,
+                       unit: PrivacyUnit | None = None) -> bool:
+        """Store a new dataset's caps and privacy unit (default: one row, add/remove); returns
+        False (and changes nothing) if it exists."""
         _check_caps(epsilon_cap, delta_cap)
+        stored_unit = None if unit is None else unit.to_json()
 
         def txn(conn) -> bool:
             cur = self._exec(
-                conn, "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT (dataset_id) DO NOTHING"
-                " RETURNING dataset_id", (dataset_id, float(epsilon_cap), float(delta_cap), _now()))
+                conn, "INSERT INTO budgets (dataset_id, epsilon_cap, delta_cap, updated_at, unit) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) DO NOTHING RETURNING dataset_id",
+                (dataset_id, float(epsilon_cap), float(delta_cap), _now(), stored_unit))
             return cur.fetchone() is not None
 
         return self._write(txn)
@@ -221,7 +237,7 @@ class Ledger:
     def reserve(self, dataset_id: str, *, epsilon: float, delta: float | None = None,
                 epsilon_cap: float | None = None, delta_cap: float | None = None,
                 mechanism: str, parameters: dict[str, Any] | None = None, job: str | None = None,
-                create_dataset: bool = False) -> int:
+                create_dataset: bool = False, name: str | None = None) -> int:
         """Reserve ``epsilon`` (and ``delta``) for one release of ``dataset_id``.
 
         Parameters
@@ -243,6 +259,9 @@ class Ledger:
             Store ``epsilon_cap``/``delta_cap`` as the dataset's caps if the ledger does not know
             the dataset yet (default False: an unknown dataset is an error). Needs
             ``epsilon_cap``; a missing ``delta_cap`` is then 0.
+        name : str, optional
+            The release's name: at most one live (not cancelled) record of the dataset has it
+            (see :meth:`named`).
 
         Returns
         -------
@@ -254,8 +273,9 @@ class Ledger:
         BudgetExceededError
             If the charge would pass a cap. Nothing is recorded.
         LedgerError
-            If the dataset is unknown (and ``create_dataset`` is false), or ``epsilon_cap`` or
-            ``delta_cap`` is above the dataset's stored cap.
+            If the dataset is unknown (and ``create_dataset`` is false), ``epsilon_cap`` or
+            ``delta_cap`` is above the dataset's stored cap, or a live record already has
+            ``name``.
         """
         delta = 0.0 if delta is None else float(delta)
         epsilon = float(epsilon)
@@ -270,11 +290,16 @@ class Ledger:
                     raise LedgerError("creating a dataset's budget needs `epsilon_cap`")
                 new_delta_cap = 0.0 if delta_cap is None else delta_cap
                 _check_caps(epsilon_cap, new_delta_cap)
-                self._exec(conn, "INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT "
-                           "(dataset_id) DO NOTHING",
+                self._exec(conn, "INSERT INTO budgets (dataset_id, epsilon_cap, delta_cap, "
+                           "updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (dataset_id) DO NOTHING",
                            (dataset_id, float(epsilon_cap), float(new_delta_cap), _now()))
                 row = self._lock_budget(conn, dataset_id)
             eps_cap, del_cap = self._caps_in_force(dataset_id, row, epsilon_cap, delta_cap)
+            if name is not None:
+                taken = self._named_row(conn, dataset_id, name)
+                if taken is not None:
+                    raise self._error(f"dataset {dataset_id!r} already has a release named "
+                                      f"{name!r} (record {taken[0]}, {taken[2]})")
             eps_spent, del_spent = self._spent(conn, dataset_id)
             if eps_spent + epsilon > eps_cap + _SLACK:
                 raise BudgetExceededError(epsilon, max(0.0, eps_cap - eps_spent), "epsilon")
@@ -284,10 +309,10 @@ class Ledger:
             cur = self._exec(
                 conn,
                 "INSERT INTO releases (dataset_id, status, epsilon, delta, mechanism, parameters,"
-                " job, host, pid, reserved_at, updated_at) VALUES (?, 'reserved', ?, ?, ?, ?, ?, ?,"
-                " ?, ?, ?) RETURNING id",
+                " job, host, pid, reserved_at, updated_at, name) VALUES (?, 'reserved', ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (dataset_id, epsilon, delta, mechanism, params, job, socket.gethostname(),
-                 os.getpid(), now, now),
+                 os.getpid(), now, now, name),
             )
             return int(cur.fetchone()[0])
 
@@ -343,7 +368,7 @@ class Ledger:
 
     def _move(self, record_id: int, allowed_from: tuple[str, ...], to: str, *,
               output: str | None = None, note: str | None = None,
-              cancelled_by: str | None = None) -> None:
+              cancelled_by: str | None = None, result: str | None = None) -> None:
         def txn(conn) -> None:
             row = self._exec(conn, "SELECT status FROM releases WHERE id = ?",
                              (record_id,)).fetchone()
@@ -354,8 +379,9 @@ class Ledger:
             self._exec(
                 conn,
                 "UPDATE releases SET status = ?, updated_at = ?, output = COALESCE(?, output),"
-                " note = COALESCE(?, note), cancelled_by = COALESCE(?, cancelled_by) WHERE id = ?",
-                (to, _now(), output, note, cancelled_by, record_id),
+                " note = COALESCE(?, note), cancelled_by = COALESCE(?, cancelled_by),"
+                " result = COALESCE(?, result) WHERE id = ?",
+                (to, _now(), output, note, cancelled_by, result, record_id),
             )
 
         self._write(txn)
@@ -370,9 +396,12 @@ class Ledger:
         :meth:`commit`), so that a run that dies while writing leaves a findable trace."""
         self._move(record_id, ("spent",), "spent", output=path)
 
-    def commit(self, record_id: int, output: str) -> None:
-        """Turn a spent reservation into a committed release written to ``output``."""
-        self._move(record_id, ("spent",), "committed", output=output)
+    def commit(self, record_id: int, output: str, *, result: str | None = None) -> None:
+        """Turn a spent reservation into a committed release written to ``output``.
+
+        ``result``: the released values as text (public: they are the release), stored so that
+        a named release asked again is returned as it was (:meth:`result`)."""
+        self._move(record_id, ("spent",), "committed", output=output, result=result)
 
     def cancel(self, record_id: int, reason: str | None = None, *, by: str | None = None) -> None:
         """Give a reservation back; allowed only while it is ``reserved``.
@@ -464,6 +493,34 @@ class Ledger:
             raise self._error(f"no ledger record with id {record_id}")
         return _record(row)
 
+    def _named_row(self, conn, dataset_id: str, name: str):
+        return self._exec(conn, "SELECT id, name, status FROM releases WHERE dataset_id = ? AND "
+                          "name = ? AND status <> 'cancelled'", (dataset_id, name)).fetchone()
+
+    def named(self, dataset_id: str, name: str) -> LedgerRecord | None:
+        """The live (not cancelled) record of ``dataset_id`` called ``name``, if any."""
+        with self._reading() as conn:
+            row = self._named_row(conn, dataset_id, name)
+        return None if row is None else self.get(int(row[0]))
+
+    def result(self, record_id: int) -> str | None:
+        """The released values a committed record stored (``None`` if it stored none)."""
+        with self._reading() as conn:
+            row = self._exec(conn, "SELECT result FROM releases WHERE id = ?",
+                             (record_id,)).fetchone()
+        if row is None:
+            raise self._error(f"no ledger record with id {record_id}")
+        return row[0]
+
+    def unit(self, dataset_id: str) -> PrivacyUnit:
+        """The privacy unit of ``dataset_id``'s budget (one row when none was recorded)."""
+        with self._reading() as conn:
+            row = self._exec(conn, "SELECT unit FROM budgets WHERE dataset_id = ?",
+                             (dataset_id,)).fetchone()
+        if row is None:
+            raise self._missing_dataset(dataset_id)
+        return PrivacyUnit.from_json(row[0])
+
     def records(self, dataset_id: str | None = None) -> list[LedgerRecord]:
         """All records of ``dataset_id`` (of every dataset when ``None``), oldest first."""
         cols = ", ".join(RECORD_COLUMNS)
@@ -506,7 +563,8 @@ class Ledger:
             for d in ids:
                 u = self.usage(d)
                 budgets.append({**dataclasses.asdict(u), "epsilon_remaining": u.epsilon_remaining,
-                                "delta_remaining": u.delta_remaining})
+                                "delta_remaining": u.delta_remaining,
+                                "privacy_unit": dataclasses.asdict(self.unit(d))})
             return json.dumps({"ledger": self.name, "exported_at": _now(), "budgets": budgets,
                                "records": [dataclasses.asdict(r) for r in records]},
                               indent=2, sort_keys=False)

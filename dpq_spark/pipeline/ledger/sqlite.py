@@ -8,7 +8,7 @@ import sqlite3
 import urllib.parse
 from typing import Iterator
 
-from dpq_spark.pipeline.ledger.base import Ledger, sqlite_path
+from dpq_spark.pipeline.ledger.base import MIGRATIONS, NAMED_INDEX, Ledger, sqlite_path
 
 __all__ = ["SQLiteLedger"]
 
@@ -17,7 +17,8 @@ CREATE TABLE IF NOT EXISTS budgets (
     dataset_id  TEXT PRIMARY KEY,
     epsilon_cap REAL NOT NULL,
     delta_cap   REAL NOT NULL,
-    updated_at  TEXT NOT NULL
+    updated_at  TEXT NOT NULL,
+    unit        TEXT
 );
 CREATE TABLE IF NOT EXISTS releases (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -34,7 +35,9 @@ CREATE TABLE IF NOT EXISTS releases (
     reserved_at TEXT NOT NULL,
     updated_at  TEXT NOT NULL,
     note        TEXT,
-    cancelled_by TEXT
+    cancelled_by TEXT,
+    name        TEXT,
+    result      TEXT
 );
 CREATE INDEX IF NOT EXISTS releases_by_dataset ON releases (dataset_id, status);
 """
@@ -80,11 +83,28 @@ class SQLiteLedger(Ledger):
                 if not {"budgets", "releases"} <= tables:
                     raise self._error("is not a dpq_spark ledger (no `budgets`/`releases` "
                                       "tables); `dpq-spark ledger init` creates one")
-                columns = {r[1] for r in conn.execute("PRAGMA table_info(releases)")}
-                if "cancelled_by" not in columns:  # a ledger written before `cancel --force`
-                    conn.execute("ALTER TABLE releases ADD COLUMN cancelled_by TEXT")
+                self._migrate(conn)
             finally:
                 conn.close()
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Add the columns and the index an older ledger lacks, in one transaction."""
+        missing = [(t, c, kind) for t, c, kind in MIGRATIONS
+                   if c not in {r[1] for r in conn.execute(f"PRAGMA table_info({t})")}]
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        if not missing and "releases_named" in indexes:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, column, kind in missing:
+                if column not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            conn.execute(NAMED_INDEX)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def _connect(self, create: bool = False) -> sqlite3.Connection:
         mode = "rwc" if create else "rw"

@@ -1,0 +1,314 @@
+"""A budget session: every release of one dataset, charged to its ledger before it runs.
+
+:class:`BudgetSession` is the way to release from a notebook, an interactive session or a
+script: it is opened on a ledger (a SQLite file, or PostgreSQL for many machines) and a dataset
+id, over a DataFrame or a table, and every release it makes is charged to the dataset's budget,
+which notebooks, jobs and sessions on other machines share. :func:`dpq_spark.dp_quantiles`
+alone records nothing.
+
+The life of one release:
+
+1. the arguments are validated against the DataFrame's schema (no Spark job) and the release's
+   privacy unit against the dataset's: a release that protects less than the budget counts is
+   refused, naming both;
+2. a named release already in the ledger with the same parameters is returned as it was
+   stored, and charges nothing (the same name with other parameters is refused);
+3. epsilon (and delta) are reserved: :class:`~dpq_spark.core.errors.BudgetExceededError` when
+   a cap would be passed. A failure up to here gives the reservation back;
+4. the reservation is marked spent and the release runs: from here on the charge stays,
+   whatever happens, since whether a release fails can depend on the data;
+5. the released values are stored with the record (they are public) and the charge committed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import pyarrow as pa
+
+from dpq_spark.core.errors import DPQValueError
+from dpq_spark.pipeline.ledger import Ledger, LedgerError, open_ledger
+from dpq_spark.pipeline.ledger.unit import PrivacyUnit
+from dpq_spark.spark._arguments import parse_request
+from dpq_spark.spark._compat import create_dataframe, is_dataframe, to_arrow
+from dpq_spark.spark.quantiles import release_request
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+__all__ = ["BudgetSession", "Remaining"]
+
+log = logging.getLogger(__name__)
+
+_DATASET = object()  # "the dataset's own": the default of the unit arguments
+
+
+class Remaining(NamedTuple):
+    """What a dataset's budget has left (``None``: no cap on it)."""
+
+    epsilon: float
+    delta: float
+
+
+class BudgetSession:
+    """Release from one dataset, every release charged to its budget in a privacy ledger.
+
+    Parameters
+    ----------
+    data : pyspark.sql.DataFrame or str
+        The private data, or the name of a table (read with the active Spark session).
+    ledger : str
+        The ledger's URL: ``sqlite:///ABSOLUTE/PATH`` (or a plain file path) or
+        ``postgresql://user@host/db`` (see :func:`dpq_spark.pipeline.ledger.open_ledger`). It
+        must exist, with a budget for ``dataset`` (``dpq-spark ledger init``).
+    dataset : str
+        The dataset id of the budget. Its privacy unit (``dpq-spark ledger init
+        --privacy-unit``) applies to every release.
+    password_file : str, optional
+        A PostgreSQL password, if the environment does not supply one.
+
+    Raises
+    ------
+    LedgerError
+        The ledger or the dataset's budget does not exist (a mistyped id never starts one).
+
+    Examples
+    --------
+    >>> session = BudgetSession(df, ledger="/data/ledger.sqlite", dataset="books")  # doctest: +SKIP
+    >>> session.quantiles("rating", quantiles=[0.5], epsilon=0.5, lower=0, upper=5,
+    ...                   name="median rating 2026-12")                          # doctest: +SKIP
+    >>> print(session)                                                           # doctest: +SKIP
+    """
+
+    def __init__(self, data, *, ledger: str, dataset: str, password_file: str | None = None):
+        if not isinstance(dataset, str) or not dataset.strip():
+            raise DPQValueError(f"`dataset` must be a non-empty string, got {dataset!r}")
+        if isinstance(data, str):
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+            if spark is None:
+                raise DPQValueError("`data` names a table, but no Spark session is active; "
+                                    "pass a DataFrame instead")
+            data = spark.table(data)
+        elif not is_dataframe(data):
+            raise TypeError(f"`data` must be a DataFrame or a table name, got "
+                            f"{type(data).__name__}")
+        self._data = data
+        self.dataset = dataset
+        self._ledger: Ledger = open_ledger(ledger, password_file=password_file)
+        self.unit: PrivacyUnit = self._ledger.unit(dataset)  # refuses an unknown dataset
+
+    # -- the budget -------------------------------------------------------------------------
+
+    @property
+    def remaining(self) -> Remaining:
+        """Epsilon and delta the dataset's budget has left, shared with every other session
+        and job on the same ledger."""
+        usage = self._ledger.usage(self.dataset)
+        return Remaining(usage.epsilon_remaining, usage.delta_remaining)
+
+    def history(self) -> "DataFrame":
+        """The dataset's releases, oldest first, as a DataFrame (one row per charge: its id,
+        name, status, epsilon, delta, mechanism, job, times and output)."""
+        from pyspark.sql import types as T
+
+        fields = [("id", T.LongType()), ("name", T.StringType()), ("status", T.StringType()),
+                  ("epsilon", T.DoubleType()), ("delta", T.DoubleType()),
+                  ("mechanism", T.StringType()), ("job", T.StringType()),
+                  ("reserved_at", T.StringType()), ("updated_at", T.StringType()),
+                  ("output", T.StringType()), ("note", T.StringType())]
+        schema = T.StructType([T.StructField(n, t, True) for n, t in fields])
+        rows = [tuple(getattr(r, n) for n, _ in fields) for r in self._ledger.records(self.dataset)]
+        return self._data.sparkSession.createDataFrame(rows, schema=schema)
+
+    def __repr__(self) -> str:
+        usage = self._ledger.usage(self.dataset)
+        counted = [r for r in self._ledger.records(self.dataset) if r.status != "cancelled"]
+        delta = (f"; delta {usage.delta_spent:g} of {usage.delta_cap:g}"
+                 if usage.delta_cap else "")
+        return (f"dataset {self.dataset!r} in ledger {self._ledger.name}: privacy unit "
+                f"{self.unit.describe()}; {len(counted)} release(s) charged; epsilon spent "
+                f"{usage.epsilon_spent:g} of {usage.epsilon_cap:g}, "
+                f"{usage.epsilon_remaining:g} left{delta}")
+
+    # -- releases ---------------------------------------------------------------------------
+
+    def quantiles(self, column: str, *, quantiles, epsilon: float, name: str | None = None,
+                  lower: float | None = None, upper: float | None = None, group_by=None,
+                  groups=None, neighboring=_DATASET, privacy_unit=_DATASET,
+                  max_rows_per_unit: int | None = None, max_groups_per_unit: int | None = None,
+                  delta: float | None = None, resolution: int | None = None,
+                  mechanism: str = "auto", selection_fraction: float = 0.5,
+                  bounds_share: float | None = None, layout: str = "long",
+                  rng=None) -> "DataFrame":
+        """Release differentially private quantiles of ``column``, charged to the budget.
+
+        Takes every argument of :func:`dpq_spark.dp_quantiles` and runs it; the unit arguments
+        (``privacy_unit``, ``neighboring``, the contribution bounds) default to the dataset's.
+
+        Parameters
+        ----------
+        name : str, optional
+            The release's name. Asked again with the same parameters (a re-run notebook cell,
+            a retried task), the stored release is returned and nothing is charged; with other
+            parameters it is refused.
+
+        Returns
+        -------
+        pyspark.sql.DataFrame
+            The release, as :func:`dpq_spark.dp_quantiles` returns it (a local relation: the
+            same rows in the same order every time it is asked for).
+
+        Raises
+        ------
+        BudgetExceededError
+            The release would pass a cap of the dataset (nothing is charged).
+        DPQValueError
+            The release protects less than the dataset's unit, or a named release exists with
+            other parameters (nothing is charged).
+        LedgerError
+            A named release was charged but did not finish (its values were never stored).
+        ValueError, TypeError
+            An invalid argument (as :func:`dpq_spark.dp_quantiles`; nothing is charged).
+
+        Privacy
+        -------
+        The guarantee of :func:`dpq_spark.dp_quantiles` (``epsilon``-DP, or
+        ``(epsilon, delta)``-DP with partition selection), for the dataset's privacy unit and
+        neighbouring relation; charged to the dataset's budget under basic composition with
+        every other release of the dataset in this ledger.
+        """
+        unit_column = self.unit.column if privacy_unit is _DATASET else privacy_unit
+        relation = self.unit.neighboring if neighboring is _DATASET else neighboring
+        if not self.unit.admits(unit_column, relation):
+            asked = PrivacyUnit(column=unit_column, neighboring=relation) if (
+                relation in ("add_remove", "swap")) else None
+            what = asked.describe() if asked is not None else f"neighboring={relation!r}"
+            raise DPQValueError(
+                f"this release protects {what}, but dataset {self.dataset!r}'s budget counts "
+                f"{self.unit.describe()}: a release charged to it must protect that unit (or "
+                "one containing it)")
+        if unit_column is not None and unit_column == self.unit.column:
+            rows = self.unit.max_rows_per_unit if max_rows_per_unit is None else max_rows_per_unit
+            groups_per = (self.unit.max_groups_per_unit if max_groups_per_unit is None
+                          else max_groups_per_unit)
+        else:
+            rows = 1 if max_rows_per_unit is None else max_rows_per_unit
+            groups_per = 1 if max_groups_per_unit is None else max_groups_per_unit
+        kwargs = dict(quantiles=quantiles, epsilon=epsilon, lower=lower, upper=upper,
+                      group_by=group_by, groups=groups, neighboring=relation,
+                      privacy_unit=unit_column, max_rows_per_unit=rows,
+                      max_groups_per_unit=groups_per, delta=delta, resolution=resolution,
+                      mechanism=mechanism, selection_fraction=selection_fraction,
+                      bounds_share=bounds_share, layout=layout, rng=rng)
+        req = parse_request(self._data, column, **kwargs)  # validates; runs no job
+        params = _public_parameters("quantiles", column, kwargs, req)
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise DPQValueError(f"`name` must be a non-empty string, got {name!r}")
+            stored = self._stored(name, params)
+            if stored is not None:
+                return stored
+        return self._charge_and_run(name, params, req.epsilon, req.delta, str(req.mechanism),
+                                    lambda: release_request(req))
+
+    # -- the life of a charge ---------------------------------------------------------------
+
+    def _stored(self, name: str, params: dict) -> "DataFrame | None":
+        """The stored release called ``name`` if its parameters are ``params``; else None when
+        there is none, and a refusal when it differs or never finished."""
+        record = self._ledger.named(self.dataset, name)
+        if record is None:
+            return None
+        if record.parameters != params:
+            differ = sorted(k for k in set(params) | set(record.parameters)
+                            if params.get(k) != record.parameters.get(k))
+            raise DPQValueError(
+                f"dataset {self.dataset!r} already has a release named {name!r} (ledger record "
+                f"{record.id}) with other parameters ({', '.join(differ)} differ); give this "
+                "release another name")
+        if record.status != "committed":
+            raise LedgerError(
+                f"the release named {name!r} (ledger record {record.id}) is {record.status!r}: "
+                "it was charged but its values were never stored (it may still be running, or "
+                "it failed); a release under a new name is charged anew")
+        text = self._ledger.result(record.id)
+        if text is None:
+            raise LedgerError(f"ledger record {record.id} ({name!r}) stored no values")
+        log.info("release %r: returned as stored in ledger record %d; nothing charged", name,
+                 record.id)
+        return _from_stored(self._data.sparkSession, text)
+
+    def _charge_and_run(self, name, params: dict, epsilon: float, delta, mechanism: str, run):
+        who = f"session {self.dataset}"
+        record = self._ledger.reserve(self.dataset, epsilon=epsilon, delta=delta,
+                                      mechanism=mechanism, parameters=params, job=who, name=name)
+        try:
+            self._ledger.mark_spent(record)
+        except BaseException as exc:
+            self._ledger.cancel(record, reason=f"failed before the release ran: "
+                                f"{type(exc).__name__}", by=who)
+            raise
+        try:
+            released = run()
+            text = _to_stored(released)
+            out = _from_stored(self._data.sparkSession, text)
+            self._ledger.commit(record, f"ledger record {record}", result=text)
+        except BaseException as exc:
+            self._ledger.note(record, f"failed after the release started: {type(exc).__name__};"
+                              " the charge stays")
+            raise
+        log.info("release %s: ledger record %d committed (epsilon %g)",
+                 repr(name) if name is not None else "(unnamed)", record, epsilon)
+        return out
+
+
+def _public_parameters(kind: str, column: str, kwargs: dict, req) -> dict[str, Any]:
+    """What a release is, in public terms: stored with its charge and compared for a name."""
+    out: dict[str, Any] = {"release": kind, "column": column}
+    for key, value in kwargs.items():
+        if key in ("groups", "rng"):
+            continue
+        if key == "quantiles":
+            value = [float(q) for q in req.quantiles]
+        elif key == "group_by":
+            value = list(req.keys)
+        out[key] = value
+    out["seeded"] = kwargs["rng"] is not None
+    out["groups"] = _keys_digest(req)
+    return json.loads(json.dumps(out, default=str))  # the form it has once stored
+
+
+def _keys_digest(req) -> str | None:
+    """A digest of the public keys (their count and SHA-256), not the keys themselves."""
+    groups = req.groups
+    if groups is None:
+        return None
+    table = groups if isinstance(groups, pa.Table) else to_arrow(groups.select(*req.keys))
+    rows = sorted(json.dumps(r, sort_keys=True, default=str) for r in table.to_pylist())
+    digest = hashlib.sha256("\n".join(rows).encode()).hexdigest()
+    return f"{len(rows)} keys, sha256 {digest}"
+
+
+def _to_stored(released: "DataFrame") -> str:
+    """The released rows as text: their Spark schema and an Arrow IPC stream (base64)."""
+    table = to_arrow(released)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return json.dumps({"spark_schema": released.schema.json(),
+                       "arrow_ipc": base64.b64encode(sink.getvalue().to_pybytes()).decode()})
+
+
+def _from_stored(spark, text: str) -> "DataFrame":
+    from pyspark.sql import types as T
+
+    stored = json.loads(text)
+    schema = T.StructType.fromJson(json.loads(stored["spark_schema"]))
+    table = pa.ipc.open_stream(base64.b64decode(stored["arrow_ipc"])).read_all()
+    return create_dataframe(spark, table, schema)
