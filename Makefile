@@ -9,7 +9,7 @@ PY35 := $(VENV35)/bin/python
 STAMP35 := $(VENV35)/.installed
 SPARK35_TESTS ?= tests/spark tests/pipeline tests/docs/test_readme_snippets.py
 
-.PHONY: run test test-spark35 bench clean pg-server
+.PHONY: run test test-spark35 bench docs clean pg-server
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,8 +47,12 @@ pg-server:
 	    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; \
 	  else echo "make test needs PostgreSQL server binaries: apt-get install postgresql (as root)" >&2; exit 1; fi; }
 
+# The docs site, built strictly (a warning fails it) into site/; `make test` builds it too.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_joint_exp.py
 
 clean:
-	rm -rf $(VENV) $(VENV35) out
+	rm -rf $(VENV) $(VENV35) out site

@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/choosing_parameters.py                  # all parts
     .venv/bin/python benchmarks/choosing_parameters.py --part bounds_free --reps 10
+    .venv/bin/python benchmarks/choosing_parameters.py --update         # replace docs/img/
+
+Figures and CSVs go to a scratch directory, ``out/benchmarks/choosing_parameters/`` (printed),
+unless ``--update`` is given: then to ``docs/img/``, the committed files the page shows.
+``--out DIR`` names another directory.
 
 Parts (deciles unless said otherwise; mean absolute error of the released values, averaged over
 quantiles and repetitions; fixed seed):
@@ -33,6 +38,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "docs" / "img"  # what docs/choosing_parameters.md shows; written with --update
+SCRATCH = REPO / "out" / "benchmarks" / "choosing_parameters"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from dpq_spark.core.quantiles.mechanisms import MECHANISMS, get_base_mechanism  # noqa: E402
@@ -251,9 +258,17 @@ def main(argv=None) -> int:
     parser.add_argument("--part", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "img")
+    parser.add_argument("--update", action="store_true",
+                        help="write to docs/img (the committed figures) instead of the scratch directory")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output directory (default: {SCRATCH.relative_to(REPO)}, or docs/img with --update)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = COMMITTED if args.update else SCRATCH
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"figures and tables: {args.out}")
+    if not args.update:
+        print("(docs/img is left as it is; --update replaces it)")
     rng = np.random.default_rng(args.seed)
     pools: dict = {}
     results = {}

@@ -14,10 +14,16 @@ CSV and the summary).
 
 Usage (the full run behind docs/evaluation.md)::
 
-    .venv/bin/python benchmarks/experiments.py
+    .venv/bin/python benchmarks/experiments.py            # writes to out/benchmarks/experiments/
+    .venv/bin/python benchmarks/experiments.py --update   # replaces the committed results
 
-A small configuration for the test suite: ``--quick``. pandas reads the CSV; matplotlib (the
-``plots`` extra) draws the figures and is skipped with a note when missing.
+By default the CSVs and figures go to a scratch directory, ``out/benchmarks/experiments/``
+(``results/`` and ``figures/``; printed at the start), so a run never touches the committed
+files. ``--update`` writes them where the docs read them instead: ``benchmarks/results/`` and
+``docs/figures/``. ``--out`` and ``--figures`` name other directories.
+
+A small configuration for the test suite: ``--quick`` (never with ``--update``). pandas reads the
+CSV; matplotlib (the ``plots`` extra) draws the figures and is skipped with a note when missing.
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ STYLE = {
     "approx_quantiles": (":", "black"),
 }
 DATASETS = ["gaussian", "uniform", "ratings", "pages"]
+# Where --update writes (the files docs/evaluation.md shows), and the default scratch directory.
+COMMITTED_RESULTS = REPO / "benchmarks" / "results"
+COMMITTED_FIGURES = REPO / "docs" / "figures"
+SCRATCH = REPO / "out" / "benchmarks" / "experiments"
 
 
 def load_goodreads() -> dict[str, np.ndarray]:
@@ -145,7 +155,7 @@ def summarise(trials_csv: Path, runtime_csv: Path | None, show_m: list[int]) -> 
     import pandas as pd
 
     lines = []
-    acc = pd.read_csv(trials_csv)
+    acc = pd.read_csv(trials_csv) if trials_csv.exists() else pd.DataFrame()  # --skip-accuracy
     if len(acc):
         table = acc.groupby(["dataset", "m", "mechanism"])["missed_sum"].mean().unstack("mechanism")
         cols = [c for c in ORDER if c in table.columns]
@@ -179,7 +189,7 @@ def plot(trials_csv: Path, runtime_csv: Path | None, fig_dir: Path, max_m: int) 
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    acc = pd.read_csv(trials_csv)
+    acc = pd.read_csv(trials_csv) if trials_csv.exists() else pd.DataFrame({"m": []})
     for suffix, sel in (("", acc["m"] <= max_m), ("_large_m", acc["m"] >= 1)):
         data = acc[sel]
         if not len(data) or (suffix and data["m"].max() <= max_m):
@@ -250,9 +260,20 @@ def parse_args(argv):
     p.add_argument("--skip-accuracy", action="store_true")
     p.add_argument("--skip-runtime", action="store_true")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--figures", type=Path, default=REPO / "docs" / "figures")
+    p.add_argument("--update", action="store_true",
+                   help="write to benchmarks/results and docs/figures (the committed files) "
+                        f"instead of the scratch directory {SCRATCH.relative_to(REPO)}")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for the CSVs (default: SCRATCH/results, or the committed one with --update)")
+    p.add_argument("--figures", type=Path, default=None,
+                   help="directory for the figures (default: SCRATCH/figures, or docs/figures with --update)")
     args = p.parse_args(argv)
+    if args.update and args.quick:
+        p.error("--update replaces the committed results: not with --quick")
+    if args.out is None:
+        args.out = COMMITTED_RESULTS if args.update else SCRATCH / "results"
+    if args.figures is None:
+        args.figures = COMMITTED_FIGURES if args.update else SCRATCH / "figures"
     if args.quick:
         args.trials, args.n, args.max_m, args.large_m = 2, 200, 3, [5]
         args.runtime_n, args.runtime_m_n, args.runtime_ms, args.reps = [1e3, 2e3], 2000, [1, 4], 1
@@ -266,6 +287,11 @@ HEADER = ["experiment", "dataset", "trial", "n", "m", "mechanism", "missed_sum",
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"results: {args.out}")
+    if not args.no_plots:
+        print(f"figures: {args.figures}")
+    if not args.update:
+        print("(the committed results are left as they are; --update replaces them)")
     rng = np.random.default_rng(args.seed)  # experiments are reproducible; the library never seeds
     pools = load_goodreads() if any(d in ("ratings", "pages") for d in args.datasets) else {}
     trials_csv = args.out / "accuracy_trials.csv"

@@ -1,4 +1,5 @@
-"""The issue-5 experiment script runs end to end in its quick configuration."""
+"""The experiment script behind docs/evaluation.md runs end to end in its quick configuration,
+and writes the committed results only when asked (``--update``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,32 @@ def test_quick_configuration_writes_csv_and_figures(tmp_path, capsys):
             "time_vs_m.png",
             "time_vs_n.png",
         ]
+
+
+def test_outputs_go_to_a_scratch_directory_unless_update():
+    experiments = _load()
+    scratch = experiments.parse_args([])
+    assert scratch.out == experiments.SCRATCH / "results"
+    assert scratch.figures == experiments.SCRATCH / "figures"
+    assert experiments.SCRATCH.is_relative_to(experiments.REPO / "out")  # git-ignored
+    update = experiments.parse_args(["--update"])
+    assert update.out == experiments.REPO / "benchmarks" / "results"
+    assert update.figures == experiments.REPO / "docs" / "figures"
+    given = experiments.parse_args(["--update", "--out", "x", "--figures", "y"])
+    assert (given.out, given.figures) == (Path("x"), Path("y"))
+    with pytest.raises(SystemExit):
+        experiments.parse_args(["--update", "--quick"])
+
+
+def test_quick_run_prints_where_it_writes(tmp_path, capsys):
+    experiments = _load()
+    res, fig = tmp_path / "res", tmp_path / "fig"
+    args = ["--quick", "--skip-runtime", "--datasets", "gaussian", "--mechanisms", "joint_exp",
+            "--no-plots", "--out", str(res), "--figures", str(fig)]
+    assert experiments.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"results: {res}" in out and "--update replaces them" in out
+    assert sorted(p.name for p in res.iterdir()) == ["accuracy_trials.csv"]
 
 
 def test_missed_points_counts_points_between():

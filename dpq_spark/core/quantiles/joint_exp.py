@@ -2,8 +2,9 @@
 
 Gillenwater, Joseph and Kulesza, "Differentially Private Quantiles", ICML 2021. The math, with the
 choices made for dpq_spark, is in ``shared/papers/ALGORITHMS.md`` section 1. dpq_spark runs the
-mechanism over a finite public grid (issue 9): the paper's continuous outputs and float uniforms
-are replaced by grid points drawn with exact integer draws.
+mechanism over a finite public grid, so that its guarantee survives floating point (Mironov,
+CCS 2012): the paper's continuous outputs and float uniforms are replaced by grid points drawn
+with exact integer draws.
 
 The distribution. :class:`~dpq_spark.core.randomness.grid.Grid` ``(lower, upper, granularity)`` has points
 ``k = 0..N`` (value ``a + k g``); every value is clamped and snapped to its nearest point (a

@@ -32,7 +32,7 @@ thing under zCDP). Smooth and CSmooth are swap-neighbour mechanisms in the paper
 also holds for add/remove neighbours (see :mod:`dpq_spark.core.quantiles.smooth_sensitivity`).
 
 ``FLOAT_SAFE`` says whether a mechanism's releases are fixed functions of integers sampled
-exactly from uniform random bits (issue 9), so that its guarantee survives floating point
+exactly from uniform random bits, so that its guarantee survives floating point
 (Mironov, CCS 2012): ``agg_tree`` adds exact discrete Laplace noise to integer counts. Smooth,
 CSmooth and AppIndExp, the ``(epsilon, delta)`` and zCDP baselines kept for the paper's
 experiments, add continuous float noise and are *not* float-safe: their guarantee holds for the
