@@ -55,7 +55,18 @@ def read_csv(spark: "SparkSession", path: str, *, mode: str = "DROPMALFORMED",
     header = spark.read.options(**options).csv(path).columns
     names = [c.strip() for c in header]
     if len(set(names)) != len(names):
-        raise ConfigError(f"the CSV header of {path!r} repeats a column name: {names}")
+        # Positions only: with some reader options the "header" is a data row.
+        first: dict[str, int] = {}
+        repeated = []
+        for i, n in enumerate(names):
+            if n in first:
+                repeated.append(f"{first[n] + 1} and {i + 1}")
+            else:
+                first[n] = i
+        where = ", ".join(repeated)
+        raise ConfigError(f"the CSV header of {path!r} repeats a column name (columns {where}; "
+                          "names are not shown: with some reader options the header line is "
+                          "a data row)")
     schema = T.StructType([
         T.StructField(h, T.DoubleType() if n in numeric else T.StringType())
         for h, n in zip(header, names)])
@@ -98,8 +109,12 @@ def read_input(spark: "SparkSession", inp: InputConfig,
         wanted.append((privacy_unit, "release.privacy_unit"))
     for name, key in wanted:
         if name not in df.columns:
-            raise ConfigError(f"`{key}` names column {name!r}, which is not in the input; "
-                              f"columns are {df.columns}")
+            if inp.format == "csv":  # never echo a CSV header: it may be a data row
+                shown = (f"the CSV header has {len(df.columns)} columns (not shown: with some "
+                         "reader options the header line is a data row)")
+            else:
+                shown = f"columns are {df.columns}"
+            raise ConfigError(f"`{key}` names column {name!r}, which is not in the input; {shown}")
     kind = df.schema[inp.column].dataType
     if not isinstance(kind, T.NumericType):
         raise ConfigError(f"`input.column` {inp.column!r} has type {kind.simpleString()} in the "

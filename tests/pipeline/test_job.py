@@ -439,3 +439,28 @@ create = true
     assert main(["--config", config("file", "g", f'path = "{tmp_path / "keys.csv"}"')]) == 0
     released = spark.read.json(str(tmp_path / "out_file")).toPandas()
     assert sorted(released["g"].tolist()) == [300, big]
+
+
+def test_a_csv_header_is_never_echoed(spark, tmp_path, caplog):
+    """With `comment` set to the header's first character Spark skips the header and reads the
+    first data row as column names: the column check must not print them (nothing is
+    reserved either). A repeated name is reported by position."""
+    data = tmp_path / "people.csv"
+    data.write_text("name,ssn,salary,grp\nAlice Smith,123-45-6789,99000,a\n"
+                    "Bob Jones,987-65-4321,50000,b\n")
+    config = toml(tmp_path, str(data), extra="")
+    text = open(config).read().replace('column = "score"', 'column = "salary"').replace(
+        '[input]', '[input]\ncsv = { comment = "n" }')
+    open(config, "w").write(text)
+    assert main(["--config", config]) == 2
+    assert "`input.column` names column 'salary', which is not in the input" in caplog.text
+    for field in ("Alice", "123-45-6789", "99000"):
+        assert field not in caplog.text
+    assert not (tmp_path / "ledger.sqlite").exists() or \
+        Ledger(tmp_path / "ledger.sqlite").records("scores") == []
+    caplog.clear()
+    twice = tmp_path / "twice.csv"
+    twice.write_text("Carol Diaz,x, Carol Diaz,grp\n1,2,3,a\n")  # a data row read as the header
+    open(config, "w").write(text.replace(str(data), str(twice)).replace('csv = { comment = "n" }\n', ""))
+    assert main(["--config", config]) == 2
+    assert "repeats a column name (columns 1 and 3" in caplog.text and "Carol" not in caplog.text
