@@ -14,7 +14,7 @@ from dpq_spark.core import __all__ as _core_all
 # __getattr__ below resolves through it.
 globals().update({name: getattr(_core, name) for name in _core_all if name not in _core._LAZY})
 
-__version__ = "0.1.0"
+from dpq_spark._version import __version__  # noqa: F401 (the package's version)
 
 _SPARK_NAMES = {
     "dp_quantiles": "dpq_spark.spark",

@@ -2,6 +2,7 @@
 
     spark-submit --properties-file conf/spark-local.conf jobs/dp_quantiles.py --config conf/goodreads.toml
     python jobs/dp_quantiles.py --config conf/goodreads.toml      # starts a local[*] session
+    python jobs/dp_quantiles.py --dry-run --config conf/goodreads.toml   # no data, no Spark
 
 All logic (configuration, ledger, release, atomic write) lives in the package; see docs/jobs.md.
 """

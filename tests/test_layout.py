@@ -28,6 +28,7 @@ LAYERS = [
     ("dpq_spark.core.errors", 1),
     ("dpq_spark.core._validation", 1),
     ("dpq_spark._lazy", 0),
+    ("dpq_spark._version", 0),
 ]
 
 

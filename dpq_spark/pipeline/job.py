@@ -18,6 +18,10 @@
    completely or not at all;
 8. commit the ledger record with the output location.
 
+``--dry-run`` (:func:`dry_run`) stops after stage 3: it validates the configuration, checks
+the output path and the budget in the existing ledger (never creating or changing it), prints
+what the run would spend and where it would write, and reads no data and starts no Spark.
+
 A failure or SIGTERM/SIGINT before stage 6 gives the reservation back (exit 143/130 for the
 signals); from stage 6 on the budget stays charged, also when the process dies. A session the
 job started itself is stopped on every exit path, so its JVM does not outlive the job. Logs name
@@ -34,6 +38,7 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -49,7 +54,10 @@ from dpq_spark.pipeline.config import (
     quantiles_from_text,
 )
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError
-from dpq_spark.pipeline.ledger import Ledger, LedgerError, open_ledger
+from dpq_spark.pipeline.ledger import (
+    BudgetUsage, Ledger, LedgerError, is_postgres_url, open_ledger,
+)
+from dpq_spark.pipeline.ledger.base import sqlite_path
 from dpq_spark.pipeline._signals import (
     JobInterrupted, deferred_signals, fault_point, signals_raise,
 )
@@ -58,17 +66,42 @@ from dpq_spark.pipeline.launch import get_session, stop_session
 from dpq_spark.pipeline.outputs import (
     OutputConflictError, OutputExistsError, clean_stale, output_exists, write_release,
 )
+from dpq_spark.spark._workers import WorkerPythonError, check_workers
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
 
-__all__ = ["main", "run_job", "build_parser", "guarantee", "JobResult"]
+__all__ = ["main", "run_job", "dry_run", "build_parser", "guarantee", "JobResult",
+           "MissingSparkError"]
 
 log = logging.getLogger(__name__)
 
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BUDGET, EXIT_OUTPUT_EXISTS = 0, 1, 2, 3, 4
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
+#: A closed standard output (``... | head``): 128 + SIGPIPE, what a shell reports.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+#: What the Spark extra installs, one line for a user who lacks it.
+SPARK_EXTRA = ("pip install 'dpq_spark[spark]' (from a clone of the repository: "
+               "pip install -e '.[spark]')")
+
+
+class MissingSparkError(ImportError):
+    """pyspark, pandas or pyarrow is not installed: the job needs the ``spark`` extra
+    (raised before the ledger is opened)."""
+
+
+def _require_spark() -> None:
+    try:
+        import pandas  # noqa: F401
+        import pyarrow  # noqa: F401
+        import pyspark.sql  # noqa: F401
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0] or "a Spark dependency"
+        raise MissingSparkError(f"the job needs the Spark extra ({missing} is not installed): "
+                                f"{SPARK_EXTRA}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +111,9 @@ class JobResult:
     output: str
     record_id: int
     seconds: float
+    epsilon: float = 0.0  # what the run charged
+    delta: float = 0.0
+    usage: BudgetUsage | None = None  # the dataset's budget after the run
 
 
 @contextlib.contextmanager
@@ -156,6 +192,11 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
         SIGTERM/SIGINT: a reservation is given back if nothing was sampled yet.
     OutputConflictError
         The output appeared while the job ran (budget charged, nothing written).
+    MissingSparkError
+        pyspark, pandas or pyarrow is not installed (nothing opened or reserved).
+    WorkerPythonError
+        A local session's Python workers would run an interpreter without dpq_spark
+        (nothing reserved).
 
     Privacy
     -------
@@ -165,6 +206,7 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
     outside the mechanism: before the reservation the job reads only public metadata (schemas,
     the CSV header) and the public keys.
     """
+    _require_spark()
     started = time.perf_counter()
     params = cfg.public_parameters()
     led = cfg.ledger
@@ -173,11 +215,7 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
              cfg.output.path, cfg.output.format, cfg.output.mode, led.name, led.dataset_id)
 
     with _stage("check output"):
-        if output_exists(cfg.output) and cfg.output.mode != "overwrite":
-            raise OutputExistsError(
-                f"`output.path` {cfg.output.path!r} already holds a release; set "
-                "`output.mode = \"overwrite\"` (or --output-mode overwrite) to replace it, or "
-                "write to a new path (e.g. with the {timestamp} placeholder)")
+        _refuse_existing_output(cfg)
 
     with _stage("open ledger"):
         ledger = open_ledger(led.url, create=led.create, password_file=led.password_file)
@@ -190,6 +228,7 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
     try:
         with _stage("start spark"):
             spark, started_here = get_session(cfg.spark_properties)
+            check_workers(spark, "the job", grouped=bool(cfg.input.group_by))  # before reserving
         with _stage("check input"):
             data = read_input(spark, cfg.input, cfg.release.privacy_unit)
             keys = read_keys(spark, cfg.groups, data, cfg.input.group_by)
@@ -199,7 +238,16 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
             stop_session(spark)
     seconds = time.perf_counter() - started
     log.info("job %s: release committed as ledger record %d in %.2f s", cfg.name, record, seconds)
-    return JobResult(output=path, record_id=record, seconds=seconds)
+    return JobResult(output=path, record_id=record, seconds=seconds, epsilon=cfg.release.epsilon,
+                     delta=cfg.release.delta or 0.0, usage=ledger.usage(led.dataset_id))
+
+
+def _refuse_existing_output(cfg: JobConfig) -> None:
+    if output_exists(cfg.output) and cfg.output.mode != "overwrite":
+        raise OutputExistsError(
+            f"`output.path` {cfg.output.path!r} already holds a release; set "
+            "`output.mode = \"overwrite\"` (or --output-mode overwrite) to replace it, or "
+            "write to a new path (e.g. with the {timestamp} placeholder)")
 
 
 def _reserve_and_release(cfg: JobConfig, ledger: Ledger, data, keys, params, rng):
@@ -281,6 +329,93 @@ def _parse_all(data: "DataFrame") -> None:
         raise
 
 
+def dry_run(cfg: JobConfig, *, out=print) -> None:
+    """Check a run without running it: print what it would spend and where it would write.
+
+    The same refusals as :func:`run_job` up to its budget check, in the same order: the output
+    exists (and ``output.mode`` is not ``"overwrite"``), the ledger or the dataset is missing,
+    the charge would pass a cap. The ledger is opened, never created (a SQLite ledger that
+    ``ledger.create = true`` would create is reported as such), and nothing is written to it;
+    no data is read and no Spark session is started (pyspark need not be installed).
+
+    Parameters
+    ----------
+    cfg : JobConfig
+        A validated configuration.
+    out : callable
+        Receives each line of the report (default :func:`print`). Lines come as the checks
+        pass, so a refused run still shows what it asked for.
+
+    Raises
+    ------
+    OutputExistsError, LedgerError, BudgetExceededError
+        As :func:`run_job` would before reserving.
+
+    Privacy
+    -------
+    Reads public configuration and the ledger's public totals only; spends nothing.
+    """
+    r, led = cfg.release, cfg.ledger
+    delta = 0.0 if r.delta is None else r.delta
+    out(f"dry run of job {cfg.name}: nothing is read, reserved or written")
+    out(f"release: epsilon={r.epsilon:g}, delta={delta:g}, {len(r.quantiles)} quantile(s) of "
+        f"{cfg.input.column!r}" + (f" per {', '.join(cfg.input.group_by)}"
+                                   if cfg.input.group_by else "")
+        + f", mechanism {r.mechanism}; guarantee: {guarantee(cfg)}")
+    out(f"output: {cfg.output.path} (format {cfg.output.format}, mode {cfg.output.mode})")
+    _refuse_existing_output(cfg)
+    out(f"ledger: {led.name}, dataset {led.dataset_id!r}")
+    shown = False
+    if led.create and not is_postgres_url(led.url) and not os.path.exists(sqlite_path(led.url)):
+        # `ledger.create` needs `epsilon_cap` (load_config checks): the budget the run creates
+        out("the ledger does not exist yet: the run would create it (`ledger.create = true`)")
+        before = BudgetUsage(led.dataset_id, 0.0, 0.0, float(led.epsilon_cap),
+                             float(led.delta_cap or 0.0))
+        out(_budget_line("before", before))
+        shown = True
+        if r.epsilon > before.epsilon_cap:
+            raise BudgetExceededError(r.epsilon, before.epsilon_cap, "epsilon")
+        if delta > before.delta_cap:
+            raise BudgetExceededError(delta, before.delta_cap, "delta")
+    else:
+        ledger = open_ledger(led.url, password_file=led.password_file)  # never create=True
+        stored = ledger.usage(led.dataset_id)
+        if stored.epsilon_cap is not None:  # the caps in force: a configured one only lowers
+            before = dataclasses.replace(
+                stored, epsilon_cap=_lower(led.epsilon_cap, stored.epsilon_cap),
+                delta_cap=_lower(led.delta_cap, stored.delta_cap))
+            out(_budget_line("before", before))
+            shown = True
+        before = ledger.check_budget(led.dataset_id, epsilon=r.epsilon, delta=r.delta,
+                                     epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap,
+                                     create_dataset=led.create)
+        if stored.epsilon_cap is None:
+            out("the dataset has no budget yet: the run would create it (`ledger.create = "
+                "true`)")
+    if not shown:
+        out(_budget_line("before", before))
+    after = dataclasses.replace(before, epsilon_spent=before.epsilon_spent + r.epsilon,
+                                delta_spent=before.delta_spent + delta)
+    out(_budget_line("after", after))
+    out("the run would be allowed (its reservation is checked again when it runs)")
+
+
+def _lower(configured: float | None, stored: float) -> float:
+    return stored if configured is None else min(float(configured), stored)
+
+
+def _budget_line(when: str, usage: BudgetUsage) -> str:
+    line = (f"budget {when} this run: epsilon left {_g(usage.epsilon_remaining)} of cap "
+            f"{_g(usage.epsilon_cap)}")
+    if usage.delta_cap or usage.delta_spent:
+        line += f", delta left {_g(usage.delta_remaining)} of cap {_g(usage.delta_cap)}"
+    return line
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
 def build_parser(prog: str = "dp_quantiles") -> argparse.ArgumentParser:
     """The job's command line: ``--config`` plus flags that override single config keys."""
     p = argparse.ArgumentParser(
@@ -302,7 +437,13 @@ def build_parser(prog: str = "dp_quantiles") -> argparse.ArgumentParser:
                        help=f"override {section}.{key}")
     p.add_argument("--output-mode", dest="output.mode", choices=OUTPUT_MODES, default=None,
                    help="override output.mode ('overwrite' replaces an earlier release)")
-    p.add_argument("--log-level", default="INFO", help="Python logging level (default INFO)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                   metavar="LEVEL", help=f"Python logging level: {', '.join(LOG_LEVELS)} "
+                   "(any case; default INFO)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config, the output path and the budget, print what the run "
+                   "would spend and where it would write, and stop: no data is read, no Spark "
+                   "session started, nothing reserved or written")
     p.add_argument("--show-errors", action="store_true",
                    help="print full tracebacks of unexpected errors (they may contain data)")
     return p
@@ -325,6 +466,21 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("dpq_spark").setLevel(level.upper())
 
 
+def _cli_command() -> str:
+    """How to call ``dpq-spark`` from here: the plain name when this interpreter's script is
+    the one on ``PATH``, else the script beside this interpreter (a venv that is not
+    activated: ``.venv/bin/dpq-spark``)."""
+    import shutil
+
+    beside = os.path.join(os.path.dirname(sys.executable), "dpq-spark")
+    on_path = shutil.which("dpq-spark")
+    if not os.path.exists(beside) or (
+            on_path is not None and os.path.abspath(on_path) == os.path.abspath(beside)):
+        return "dpq-spark"
+    relative = os.path.relpath(beside)
+    return shlex.quote(beside if relative.startswith(os.pardir) else relative)
+
+
 def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
     """Run the job from the command line.
 
@@ -338,11 +494,13 @@ def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
     Returns
     -------
     int
-        The exit code: 0 released; 2 configuration or ledger error (nothing reserved, or the
-        reservation given back); 3 budget exceeded (nothing reserved); 4 output exists (nothing
-        reserved); 143 SIGTERM and 130 SIGINT (the reservation is given back if nothing was
-        sampled, else it stays charged); 1 any other failure (charged if it came after
-        sampling: ``dpq-spark ledger show`` tells). The output path is printed on success; each
+        The exit code: 0 released (with ``--dry-run``: the run would be allowed); 2
+        configuration or ledger error, a missing Spark extra, or local Python workers without
+        dpq_spark (nothing reserved, or the reservation given back); 3 budget exceeded (nothing
+        reserved); 4 output exists (nothing reserved); 141 standard output closed by its
+        reader (``| head``; quietly); 143 SIGTERM and 130 SIGINT (the reservation is given
+        back if nothing was sampled, else it stays charged); 1 any other failure (charged if it
+        came after sampling: ``dpq-spark ledger show`` tells). The output path is printed on success; each
         error is reported once, through the ``dpq_spark.pipeline.job`` logger (stderr by default).
 
     Privacy
@@ -350,19 +508,43 @@ def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
     See :func:`run_job`: one release with the configured guarantee, charged to the ledger
     before any data is read.
     """
+    try:
+        code = _main(argv, prog)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at interpreter exit
+    except BrokenPipeError:
+        return stdout_closed()
+    return code
+
+
+def stdout_closed() -> int:
+    """After a ``BrokenPipeError`` on standard output: Python's recipe (the ``signal`` module's
+    "Note on SIGPIPE") sends what is left to devnull, so that the flush at interpreter exit
+    does not fail again; returns :data:`EXIT_BROKEN_PIPE`, with no message."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None, prog: str) -> int:
     args = build_parser(prog).parse_args(argv)
     _configure_logging(args.log_level)
     cfg = None
     try:
         with signals_raise():
             cfg = load_config(args.config, _overrides(args))
+            if args.dry_run:
+                dry_run(cfg)
+                return EXIT_OK
             result = run_job(cfg)
     except (ConfigError, LedgerError) as exc:
         log.error("configuration error: %s", exc)
         return EXIT_CONFIG
     except BudgetExceededError as exc:
-        log.error("ledger refused the release: %s (see `dpq-spark ledger show`)", exc)
+        log.error("ledger refused the release: %s (see `%s ledger show`)", exc, _cli_command())
         return EXIT_BUDGET
+    except (MissingSparkError, WorkerPythonError) as exc:  # one line that says how to fix it
+        log.error("%s", exc)
+        return EXIT_CONFIG
     except OutputExistsError as exc:
         log.error("%s", exc)
         return EXIT_OUTPUT_EXISTS
@@ -378,6 +560,8 @@ def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
     except KeyboardInterrupt:
         log.error("job interrupted (SIGINT)")
         return EXIT_SIGINT
+    except BrokenPipeError:
+        raise  # the dry run's reader closed stdout: main() ends quietly
     except Exception as exc:
         if args.show_errors:
             raise
@@ -385,6 +569,12 @@ def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
                   "(rerun with --show-errors)", type(exc).__name__)
         return EXIT_FAILED
     print(f"Release written to {result.output}")
-    print(f"Ledger record {result.record_id}: dpq-spark ledger show --ledger "
+    if result.usage is not None:
+        u = result.usage
+        delta = (f", delta {result.delta:g} (left {u.delta_remaining:g} of {u.delta_cap:g})"
+                 if result.delta else "")
+        print(f"Spent epsilon {result.epsilon:g} of dataset {cfg.ledger.dataset_id!r}: "
+              f"{u.epsilon_remaining:g} of {u.epsilon_cap:g} left{delta}")
+    print(f"Ledger record {result.record_id}: {_cli_command()} ledger show --ledger "
           f"{shlex.quote(cfg.ledger.name)} --dataset {shlex.quote(cfg.ledger.dataset_id)}")
     return EXIT_OK

@@ -35,6 +35,7 @@ from dpq_spark.pipeline.ledger import Ledger, LedgerError, open_ledger
 from dpq_spark.pipeline.ledger.unit import PrivacyUnit
 from dpq_spark.spark._arguments import parse_request
 from dpq_spark.spark._compat import create_dataframe, is_dataframe, to_arrow
+from dpq_spark.spark._workers import check_workers
 from dpq_spark.spark.quantiles import release_request
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -207,6 +208,7 @@ class BudgetSession:
                       mechanism=mechanism, selection_fraction=selection_fraction,
                       bounds_share=bounds_share, layout=layout, rng=rng)
         req = parse_request(self._data, column, **kwargs)  # validates; runs no job
+        check_workers(self._data.sparkSession, "BudgetSession.quantiles", grouped=bool(req.keys))
         params = _public_parameters("quantiles", column, kwargs, req)
         if name is not None:
             if not isinstance(name, str) or not name.strip():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import time
@@ -35,6 +37,7 @@ from dpq_spark.spark._release import (
     release_partition,
 )
 from dpq_spark.spark._selection import laplace_scale, selection_threshold
+from dpq_spark.spark._workers import check_workers
 
 __all__ = ["dp_quantiles", "release_request", "DEFAULT_RESOLUTION"]
 
@@ -48,7 +51,29 @@ _RAW_PASS2_ROWS = 1 << 22  # ungrouped pass 2 collects raw grid indices up to th
 #: The ungrouped pass 1 counts rows per coarse cell k >> 16 (2**16 + 1 cells at most: a small
 #: hash aggregate); the grouped spill path keeps cells of k >> 12 (COARSE_SHIFT).
 GLOBAL_SHIFT = 16
-to_arrow = _compat.to_arrow
+_JOBS: contextvars.ContextVar = contextvars.ContextVar("dpq_spark_jobs", default=None)
+
+
+def to_arrow(df: DataFrame) -> pa.Table:
+    """Collect ``df`` (:func:`dpq_spark.spark._compat.to_arrow`): one Spark job of the running
+    release, counted for :func:`counting_jobs`. Every job a release runs goes through here."""
+    counter = _JOBS.get()
+    if counter is not None:
+        counter[0] += 1
+    return _compat.to_arrow(df)
+
+
+@contextlib.contextmanager
+def counting_jobs():
+    """Count the Spark jobs that releases run inside the ``with`` block (``counter[0]``), for
+    tests and audits of the data path. Never logged: the ungrouped path decides from the data
+    whether it reads a second time."""
+    counter = [0]
+    token = _JOBS.set(counter)
+    try:
+        yield counter
+    finally:
+        _JOBS.reset(token)
 
 
 def dp_quantiles(
@@ -275,6 +300,7 @@ def dp_quantiles(
 def release_request(req: QuantileRequest) -> DataFrame:
     """Run the release that :func:`dp_quantiles` describes, from its validated request (for
     callers that validated it first: :class:`dpq_spark.pipeline.session.BudgetSession`)."""
+    check_workers(req.df.sparkSession, grouped=bool(req.keys))  # one line, not a worker trace
     started = time.perf_counter()
     what = (f"column={req.column!r} keys={list(req.keys)!r} m={len(req.quantiles)} "
             f"epsilon={req.epsilon:g} mechanism={req.mechanism}")  # public parameters only

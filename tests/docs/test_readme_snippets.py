@@ -1,8 +1,7 @@
 """The README's Python quickstart snippets run as written, in order, in one namespace.
 
-The README's quickstart once read the bundled CSV with ``inferSchema=True`` (which leaves
-``average_rating`` a string) and used undefined names in its ``counts=`` snippet (issue 10); these
-tests run the README itself, so a broken snippet fails them.
+A snippet that reads the bundled CSV with ``inferSchema=True`` (which leaves ``average_rating``
+a string) or uses an undefined name fails here: these tests run the README itself.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ def python_blocks(markdown: str) -> list[str]:
 
 def test_python_blocks_finds_every_block():
     blocks = python_blocks(QUICKSTART)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     assert blocks[0].startswith("import numpy as np") and "counts=counts" in blocks[1]
     assert python_blocks("```bash\nmake test\n```\n") == []
 
@@ -56,3 +55,6 @@ def test_dataframe_snippet_runs_on_the_bundled_csv(spark, monkeypatch, capsys):
     assert sorted({r["language_code"] for r in rows}) == ["eng", "fre", "spa"]
     assert len(rows) == 9 and all(0.0 <= r["value"] <= 5.0 for r in rows)
     assert dict(namespace["df"].dtypes)["average_rating"] == "double"
+    # the budget session's block: one charge, in words
+    assert "epsilon spent 1 of 5, 4 left" in repr(namespace["session"])
+    assert sorted(r["language_code"] for r in namespace["medians"].collect()) == ["eng", "spa"]

@@ -106,7 +106,9 @@ def test_job_writes_release_commits_ledger_and_logs_no_data(spark, tmp_path, cap
     assert main(["--config", config]) == 0
     out = str(tmp_path / "out" / "rel")
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0] == f"Release written to {out}" and "dpq-spark ledger show" in printed[1]
+    assert printed[0] == f"Release written to {out}"
+    assert printed[1] == "Spent epsilon 100000 of dataset 'scores': 900000 of 1e+06 left"
+    assert "dpq-spark ledger show" in printed[2]
     rel = read_release(out)
     assert list(rel.columns) == ["grp", "quantile", "value", "mechanism"]
     assert list(rel["grp"]) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3  # "c" has no rows: answered

@@ -1,7 +1,9 @@
 """Private clamping bounds, for quantile releases without user-supplied ``lower``/``upper``.
 
 Every quantile mechanism of dpq_spark needs bounds ``[lower, upper]`` chosen without looking at
-the data, and bounds chosen too wide cost a lot of accuracy (issue 12). When the user has none,
+the data, and bounds chosen too wide cost a lot of accuracy (30 JointExp quantiles of 1,000
+N(0, 5) values at epsilon = 1: mean absolute error 0.48 with bounds +-100, 319 with +-1e4; see
+docs/choosing_parameters.md). When the user has none,
 :func:`private_bounds` spends a stated share of the budget to find them from the data itself with
 a mechanism that needs no bounds: Durfee's AboveThreshold over an exponentially growing public
 sequence of candidates (D. Durfee, "Unbounded Differentially Private Quantile and Maximum
@@ -50,6 +52,7 @@ rows: below that the noise of the counts is as large as the data and the bounds 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -298,4 +301,21 @@ def with_private_bounds(mechanism):
                                bounds="private", epsilon=eps)
 
     wrapped.__wrapped_mechanism__ = mechanism
+    # functools.wraps sets __wrapped__, so inspect.signature would show the base mechanism's
+    # required bounds: state the wrapper's own call signature instead.
+    wrapped.__signature__ = _optional_bounds_signature(mechanism)
     return wrapped
+
+
+@functools.lru_cache(maxsize=None)  # auto() wraps a base mechanism on every call
+def _optional_bounds_signature(mechanism) -> inspect.Signature:
+    """The signature of ``with_private_bounds(mechanism)``: the mechanism's, with ``lower`` and
+    ``upper`` defaulting to None, and the keyword-only ``bounds_share`` and ``n_hint`` added."""
+    base = inspect.signature(mechanism)
+    params = [p.replace(default=None, annotation="float | None") if p.name in ("lower", "upper")
+              else p for p in base.parameters.values()]
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params += [inspect.Parameter("bounds_share", kw, default=DEFAULT_BOUNDS_SHARE,
+                                 annotation="float"),
+               inspect.Parameter("n_hint", kw, default=None, annotation="int | None")]
+    return base.replace(parameters=params)
