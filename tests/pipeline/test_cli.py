@@ -10,6 +10,7 @@ import json
 
 from dpq_spark.pipeline.cli import main
 from dpq_spark.pipeline.ledger import init_ledger, open_ledger
+from jobconfig import write_job_config
 
 
 def _ledger(url):
@@ -222,35 +223,11 @@ def _cli(*args, code: str | None = None, **kwargs) -> subprocess.CompletedProces
 def _job_config(tmp_path, ledger_url, *, epsilon=1.0, create=False, mode="error") -> str:
     data = tmp_path / "scores.csv"
     data.write_text("score,grp\n1.0,a\n2.0,b\n")
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[input]
-format = "csv"
-path = "{data}"
-column = "score"
-group_by = ["grp"]
-
-[groups]
-keys = ["a", "b"]
-
-[release]
-quantiles = [0.5]
-epsilon = {epsilon}
-lower = 0.0
-upper = 10.0
-
-[output]
-path = "{tmp_path / 'out' / 'release'}"
-format = "csv"
-mode = "{mode}"
-
-[ledger]
-url = "{ledger_url}"
-dataset_id = "books"
-{'epsilon_cap = 4.0' if create else ''}
-create = {'true' if create else 'false'}
-""")
-    return str(path)
+    return write_job_config(tmp_path / "job.toml", data=data, column="score", group_by=["grp"],
+                            keys=["a", "b"], epsilon=epsilon,
+                            output=tmp_path / "out" / "release", mode=mode,
+                            ledger_url=ledger_url, dataset_id="books",
+                            cap=4.0 if create else None, create=create)
 
 
 def test_version_prints_the_package_version(capsys):

@@ -17,6 +17,7 @@ from dpq_spark.pipeline._signals import FAULT_ENV
 from dpq_spark.pipeline.inputs import read_input
 from dpq_spark.pipeline.job import main, run_job
 from dpq_spark.pipeline.ledger import open_ledger
+from jobconfig import write_job_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOODREADS = os.path.join(ROOT, "data", "goodreads_books.csv")
@@ -41,34 +42,11 @@ def Ledger(path):
 
 def toml(tmp_path, data: str, *, out="out/rel", cap=1e6, epsilon=1e5, extra="",
          ledger=None, bounds="lower = 0.0\nupper = 10.0") -> str:
-    text = f"""
-[input]
-format = "csv"
-path = "{data}"
-column = "score"
-group_by = ["grp"]
-
-[groups]
-keys = ["a", "b", "c"]
-
-[release]
-quantiles = [0.25, 0.5, 0.75]
-epsilon = {epsilon}
-{bounds}
-
-[output]
-path = "{tmp_path / out}"
-format = "csv"
-
-[ledger]
-url = "{ledger or 'sqlite://' + str(tmp_path / 'ledger.sqlite')}"
-dataset_id = "scores"
-epsilon_cap = {cap}
-create = true
-{extra}"""
-    path = tmp_path / "job.toml"
-    path.write_text(text)
-    return str(path)
+    return write_job_config(
+        tmp_path / "job.toml", data=data, column="score", group_by=["grp"],
+        keys=["a", "b", "c"], quantiles="[0.25, 0.5, 0.75]", epsilon=epsilon, bounds=bounds,
+        output=tmp_path / out, ledger_url=ledger or "sqlite://" + str(tmp_path / "ledger.sqlite"),
+        dataset_id="scores", cap=cap, create=True, extra=extra)
 
 
 def read_release(path) -> pd.DataFrame:
