@@ -217,6 +217,12 @@ class JobConfig:
     ledger: LedgerConfig
     spark_properties: str | None = None
     source: str | None = None
+    run_id: str | None = None  # the run's logical date or id: names its release in the ledger
+
+    @property
+    def release_name(self) -> str | None:
+        """The ledger name of this run's release (``"<job.name> <run_id>"``), if it has one."""
+        return None if self.run_id is None else f"{self.name} {self.run_id}"
 
     def public_parameters(self) -> dict[str, Any]:
         """The public parameters of the run, safe to log and to store in the ledger."""
@@ -247,7 +253,7 @@ class JobConfig:
 # ---------------------------------------------------------------------------------------------
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
-    "job": ("name", "spark_properties"),
+    "job": ("name", "spark_properties", "run_id"),
     "input": ("format", "path", "table", "column", "group_by", "csv"),
     "groups": ("keys", "path", "format", "table"),
     "release": (
@@ -650,6 +656,9 @@ def parse_config(raw: dict, *, source: str | None = None,
     job = raw.get("job", {})
     name = _string(job, "job", "name", default="dp_quantiles")
     props = _string(job, "job", "spark_properties")
+    run_id = _string(job, "job", "run_id")
+    if run_id is not None and not run_id.strip():
+        _fail("`job.run_id` must be a non-empty string")
     if props is not None:
         props = _local(props)
         if not os.path.exists(props):
@@ -673,7 +682,7 @@ def parse_config(raw: dict, *, source: str | None = None,
     output = _parse_output(raw["output"], now or _dt.datetime.now(_dt.timezone.utc))
     ledger = _parse_ledger(raw["ledger"], release.delta)
     return JobConfig(name=name, input=inp, groups=groups, release=release, output=output,
-                     ledger=ledger, spark_properties=props, source=source)
+                     ledger=ledger, spark_properties=props, source=source, run_id=run_id)
 
 
 def quantiles_from_text(text: str) -> list[float] | str:

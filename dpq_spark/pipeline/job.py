@@ -214,11 +214,20 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
     log.info("job %s: output %s (format=%s, mode=%s); ledger %s (dataset %r)", cfg.name,
              cfg.output.path, cfg.output.format, cfg.output.mode, led.name, led.dataset_id)
 
+    ledger = None
+    if cfg.release_name is not None:  # a named run released before is returned, not redone
+        with _stage("look up the named release"):
+            ledger = open_ledger(led.url, create=led.create, password_file=led.password_file)
+            before = _released_before(cfg, ledger, params, started)
+        if before is not None:
+            return before
+
     with _stage("check output"):
         _refuse_existing_output(cfg)
 
     with _stage("open ledger"):
-        ledger = open_ledger(led.url, create=led.create, password_file=led.password_file)
+        if ledger is None:
+            ledger = open_ledger(led.url, create=led.create, password_file=led.password_file)
         clean_stale(ledger, led.dataset_id)
         ledger.check_budget(led.dataset_id, epsilon=cfg.release.epsilon, delta=cfg.release.delta,
                             epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap,
@@ -250,6 +259,33 @@ def _refuse_existing_output(cfg: JobConfig) -> None:
             "write to a new path (e.g. with the {timestamp} placeholder)")
 
 
+def _released_before(cfg: JobConfig, ledger: Ledger, params: dict, started: float):
+    """The committed release of this named run (``job.run_id``) as a :class:`JobResult` that
+    charged nothing; None when the run has none. Refused when the name was used with other
+    parameters, or was charged and never committed (a fresh draw would be a second answer)."""
+    led = cfg.ledger
+    if led.dataset_id not in ledger.datasets():
+        return None  # a dataset still to be created (ledger.create) has released nothing
+    record = ledger.named(led.dataset_id, cfg.release_name)
+    if record is None:
+        return None
+    if record.parameters != json.loads(json.dumps(params)):
+        differ = sorted(k for k in set(params) | set(record.parameters)
+                        if params.get(k) != record.parameters.get(k))
+        raise ConfigError(f"run {cfg.run_id!r} of job {cfg.name!r} was released before (ledger "
+                          f"record {record.id}) with other parameters ({', '.join(differ)} "
+                          "differ); give this run another `--run-id`")
+    if record.status != "committed":
+        raise LedgerError(f"run {cfg.run_id!r} of job {cfg.name!r} (ledger record {record.id}) is "
+                          f"{record.status!r}: it was charged but never committed; releasing it "
+                          "again would draw a second answer (give the run another `--run-id`)")
+    log.info("job %s: run %r was released before as ledger record %d; nothing charged", cfg.name,
+             cfg.run_id, record.id)
+    return JobResult(output=record.output, record_id=record.id,
+                     seconds=time.perf_counter() - started, epsilon=0.0, delta=0.0,
+                     usage=ledger.usage(led.dataset_id))
+
+
 def _reserve_and_release(cfg: JobConfig, ledger: Ledger, data, keys, params, rng):
     led, record = cfg.ledger, None
     try:
@@ -258,7 +294,7 @@ def _reserve_and_release(cfg: JobConfig, ledger: Ledger, data, keys, params, rng
                 led.dataset_id, epsilon=cfg.release.epsilon, delta=cfg.release.delta,
                 epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap,
                 mechanism=cfg.release.mechanism, parameters=params, job=cfg.name,
-                create_dataset=led.create)
+                create_dataset=led.create, name=cfg.release_name)
         log.info("ledger record %d reserved", record)
         fault_point("after_reserve")
         if cfg.input.format == "csv" and cfg.input.csv_mode == "FAILFAST":
@@ -431,6 +467,7 @@ def build_parser(prog: str = "dp_quantiles") -> argparse.ArgumentParser:
         ("--quantiles", "release", "quantiles", quantiles_from_text),
         ("--output", "output", "path", str), ("--output-format", "output", "format", str),
         ("--ledger", "ledger", "url", str), ("--dataset-id", "ledger", "dataset_id", str),
+        ("--run-id", "job", "run_id", str),
     ]
     for flag, section, key, kind in flags:
         p.add_argument(flag, dest=f"{section}.{key}", type=kind, default=None,
@@ -573,8 +610,12 @@ def _main(argv: list[str] | None, prog: str) -> int:
         u = result.usage
         delta = (f", delta {result.delta:g} (left {u.delta_remaining:g} of {u.delta_cap:g})"
                  if result.delta else "")
-        print(f"Spent epsilon {result.epsilon:g} of dataset {cfg.ledger.dataset_id!r}: "
-              f"{u.epsilon_remaining:g} of {u.epsilon_cap:g} left{delta}")
+        if result.epsilon == 0.0:
+            print(f"Nothing spent: run {cfg.run_id!r} was released before (ledger record "
+                  f"{result.record_id}); {u.epsilon_remaining:g} of {u.epsilon_cap:g} left")
+        else:
+            print(f"Spent epsilon {result.epsilon:g} of dataset {cfg.ledger.dataset_id!r}: "
+                  f"{u.epsilon_remaining:g} of {u.epsilon_cap:g} left{delta}")
     print(f"Ledger record {result.record_id}: {_cli_command()} ledger show --ledger "
           f"{shlex.quote(cfg.ledger.name)} --dataset {shlex.quote(cfg.ledger.dataset_id)}")
     return EXIT_OK

@@ -444,3 +444,23 @@ def test_a_csv_header_is_never_echoed(spark, tmp_path, caplog):
     open(config, "w").write(text.replace(str(data), str(twice)).replace('csv = { comment = "n" }\n', ""))
     assert main(["--config", config]) == 2
     assert "repeats a column name (columns 1 and 3" in caplog.text and "Carol" not in caplog.text
+
+
+def test_a_named_run_released_before_is_returned_and_charges_nothing(spark, tmp_path, capsys):
+    """`--run-id` names the run's release: an orchestrator's retry of the same run returns the
+    committed release (same output, one charge); the same run id with other parameters is
+    refused before anything is reserved."""
+    config = toml(tmp_path, small_csv(tmp_path), cap=3e5)
+    assert main(["--config", config, "--run-id", "2026-11-30"]) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert main(["--config", config, "--run-id", "2026-11-30"]) == 0  # the retry
+    again = capsys.readouterr().out.splitlines()
+    assert again[0] == first[0]  # "Release written to <the same output>"
+    assert again[1].startswith("Nothing spent: run '2026-11-30' was released before")
+    records = Ledger(tmp_path / "ledger.sqlite").records("scores")
+    assert [(r.status, r.name) for r in records] == [("committed", "dp_quantiles 2026-11-30")]
+    assert main(["--config", config, "--run-id", "2026-11-30", "--epsilon", "5e4"]) == 2
+    assert main(["--config", config, "--run-id", "2026-12-01", "--output",
+                 str(tmp_path / "out" / "next")]) == 0  # the next day: charged anew
+    assert [r.name for r in Ledger(tmp_path / "ledger.sqlite").records("scores")] == \
+        ["dp_quantiles 2026-11-30", "dp_quantiles 2026-12-01"]
