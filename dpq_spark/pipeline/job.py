@@ -264,14 +264,11 @@ def _released_before(cfg: JobConfig, ledger: Ledger, params: dict, started: floa
     charged nothing; None when the run has none. Refused when the name was used with other
     parameters, or was charged and never committed (a fresh draw would be a second answer)."""
     led = cfg.ledger
-    if led.dataset_id not in ledger.datasets():
-        return None  # a dataset still to be created (ledger.create) has released nothing
     record = ledger.named(led.dataset_id, cfg.release_name)
     if record is None:
         return None
-    if record.parameters != json.loads(json.dumps(params)):
-        differ = sorted(k for k in set(params) | set(record.parameters)
-                        if params.get(k) != record.parameters.get(k))
+    differ = record.differing_parameters(params)
+    if differ:
         raise ConfigError(f"run {cfg.run_id!r} of job {cfg.name!r} was released before (ledger "
                           f"record {record.id}) with other parameters ({', '.join(differ)} "
                           "differ); give this run another `--run-id`")

@@ -227,9 +227,8 @@ class BudgetSession:
         record = self._ledger.named(self.dataset, name)
         if record is None:
             return None
-        if record.parameters != params:
-            differ = sorted(k for k in set(params) | set(record.parameters)
-                            if params.get(k) != record.parameters.get(k))
+        differ = record.differing_parameters(params)
+        if differ:
             raise DPQValueError(
                 f"dataset {self.dataset!r} already has a release named {name!r} (ledger record "
                 f"{record.id}) with other parameters ({', '.join(differ)} differ); give this "

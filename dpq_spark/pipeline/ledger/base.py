@@ -76,6 +76,13 @@ class LedgerRecord:
     cancelled_by: str | None = None
     name: str | None = None
 
+    def differing_parameters(self, parameters: dict[str, Any]) -> list[str]:
+        """The keys whose values differ between the stored parameters and ``parameters``
+        (taken in the JSON form the ledger stores), sorted; empty when they are the same."""
+        given = json.loads(json.dumps(parameters, sort_keys=True))
+        return sorted(k for k in set(given) | set(self.parameters)
+                      if given.get(k) != self.parameters.get(k))
+
 
 @dataclasses.dataclass(frozen=True)
 class BudgetUsage:
