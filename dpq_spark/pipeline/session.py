@@ -23,19 +23,24 @@ The life of one release:
 from __future__ import annotations
 
 import base64
+import dataclasses
+import functools
 import hashlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 
 from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.interactive.median_state import MedianState
 from dpq_spark.pipeline.ledger import Ledger, LedgerError, open_ledger
 from dpq_spark.pipeline.ledger.unit import PrivacyUnit
 from dpq_spark.spark._arguments import parse_request
 from dpq_spark.spark._compat import create_dataframe, is_dataframe, to_arrow
 from dpq_spark.spark._workers import check_workers
+from dpq_spark.spark.median_session import MedianMechanismSession, NumericColumn
 from dpq_spark.spark.quantiles import release_request
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -219,6 +224,138 @@ class BudgetSession:
         return self._charge_and_run(name, params, req.epsilon, req.delta, str(req.mechanism),
                                     lambda: release_request(req))
 
+    def median_session(self, *, domain, epsilon: float, name: str | None = None,
+                       accuracy: float | None = None, max_hard_queries: int | None = None,
+                       expected_queries: int | None = None,
+                       target_accuracy: float | None = None, n_hint: float | None = None,
+                       neighboring=_DATASET, candidates="auto", candidate_size: int = 1000,
+                       n_candidates: int = 2000, prior=None, refill_below: float = 0.5,
+                       after_halt: str = "raise", rng=None) -> MedianMechanismSession:
+        """Open (or resume, by ``name``) a median-mechanism session, its whole epsilon charged.
+
+        Takes the arguments of :class:`dpq_spark.MedianMechanismSession`; ``neighboring``
+        defaults to the dataset's. The session's total privacy loss is bounded by its
+        parameters, so its whole ``epsilon`` is reserved when it opens, before Spark reads a
+        row; then every answer is recorded in the ledger as it is released (its value and kind,
+        and for a hard answer the query's mask over the domain), with the session's other
+        public state (the released row count under add/remove, the seed of the public
+        generator that draws candidate databases).
+
+        Parameters
+        ----------
+        name : str, optional
+            The session's name. Opened again with the same name and parameters (after a kernel
+            restart, or on another machine), the session is *resumed*: nothing is charged, the
+            data is read again (it must be the same data) and the public state is rebuilt
+            exactly from the ledger (candidates, answers, hard queries left). The same name
+            with other parameters is refused. Without a name a session cannot be resumed.
+
+        Returns
+        -------
+        MedianMechanismSession
+            Ask it queries as usual; its ``answers`` so far are in
+            ``session.state().answers``.
+
+        Raises
+        ------
+        BudgetExceededError
+            Opening would pass a cap of the dataset (nothing is charged or read).
+        DPQValueError
+            The dataset's privacy unit is not one row under this relation (the session protects
+            one row), or the name exists with other parameters (nothing is charged).
+        ValueError, TypeError
+            An invalid argument (nothing is charged or read).
+
+        Notes
+        -----
+        What a resume costs. The sparse vector's noisy threshold is a secret and is never
+        stored: a resumed session draws a fresh one. If the lost threshold had been used (a
+        query was asked since the last hard answer, which the ledger records before that
+        query's test), its round is forfeited: the session has one hard answer fewer, and its
+        privacy loss stays at most ``epsilon`` (nothing more is charged). A resume right after
+        a hard answer, or before any query, costs nothing.
+
+        Privacy
+        -------
+        ``epsilon``-DP (pure) for the whole session, however many queries and resumes, under the
+        dataset's neighbouring relation with one row as the unit of privacy (see
+        :class:`dpq_spark.MedianMechanismSession`); charged once to the dataset's budget under
+        basic composition with its other releases.
+        """
+        relation = self.unit.neighboring if neighboring is _DATASET else neighboring
+        if not self.unit.admits(None, relation):
+            raise DPQValueError(
+                f"a median-mechanism session protects one row ({relation}), but dataset "
+                f"{self.dataset!r}'s budget counts {self.unit.describe()}: a release charged to "
+                "it must protect that unit (or one containing it)")
+        options = dict(epsilon=epsilon, accuracy=accuracy, max_hard_queries=max_hard_queries,
+                       neighboring=relation, candidates=candidates,
+                       candidate_size=candidate_size, n_candidates=n_candidates, prior=prior,
+                       refill_below=refill_below, after_halt=after_halt,
+                       expected_queries=expected_queries, target_accuracy=target_accuracy,
+                       n_hint=n_hint)
+        parsed, _ = MedianMechanismSession.check_arguments(self._data, domain=domain, **options)
+        params = _session_parameters(parsed, options, seeded=rng is not None)
+        open_session = functools.partial(MedianMechanismSession, self._data, domain=parsed,
+                                         rng=rng, **options)
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise DPQValueError(f"`name` must be a non-empty string, got {name!r}")
+            record = self._ledger.named(self.dataset, name)
+            if record is not None:
+                return self._resume(record, name, params, open_session)
+        record = self._ledger.reserve(self.dataset, epsilon=float(epsilon), delta=0.0,
+                                      mechanism="median_mechanism", parameters=params,
+                                      job=f"session {self.dataset}", name=name)
+        return self._start(record, name, open_session)
+
+    def _start(self, record: int, name, open_session, resume=None):
+        """Mark ``record`` spent, read the data, record the session's first state."""
+        try:
+            self._ledger.mark_spent(record)
+        except BaseException as exc:
+            self._ledger.cancel(record, reason=f"failed before the session read data: "
+                                f"{type(exc).__name__}", by=f"session {self.dataset}")
+            raise
+        recorder = _SessionRecorder(self._ledger, record)
+        try:
+            session = open_session(resume=resume, recorder=recorder)
+            recorder.attach(session)
+        except BaseException as exc:
+            self._ledger.note(record, f"session failed after it read data: "
+                              f"{type(exc).__name__}; the charge stays")
+            raise
+        log.info("median session %s: ledger record %d (epsilon %g)",
+                 repr(name) if name is not None else "(unnamed)", record, session.epsilon)
+        return session
+
+    def _resume(self, record, name: str, params: dict, open_session):
+        differ = record.differing_parameters(params)
+        if differ:
+            raise DPQValueError(
+                f"dataset {self.dataset!r} already has a release named {name!r} (ledger record "
+                f"{record.id}) with other parameters ({', '.join(differ)} differ); give this "
+                "session another name")
+        if record.mechanism != "median_mechanism" or record.status not in ("spent", "committed"):
+            raise LedgerError(
+                f"the release named {name!r} (ledger record {record.id}, {record.status}) is "
+                "not a median-mechanism session that can be resumed")
+        text = self._ledger.result(record.id)
+        state = None if text is None else MedianState.from_json(text)
+        if record.status == "committed":  # halted: nothing more is recorded
+            session = open_session(resume=state, recorder=None)
+        else:
+            # No state: the session was charged and died before it released anything (a row
+            # count it may have drawn was never stored nor released): it starts afresh.
+            recorder = _SessionRecorder(self._ledger, record.id)
+            session = open_session(resume=state, recorder=recorder)
+            recorder.attach(session)
+        forfeited = "" if state is None or not state.round_open else (
+            "; a round was open, so the resumed session has one hard answer fewer")
+        log.info("median session %r: resumed from ledger record %d; nothing charged%s", name,
+                 record.id, forfeited)
+        return session
+
     # -- the life of a charge ---------------------------------------------------------------
 
     def _stored(self, name: str, params: dict) -> "DataFrame | None":
@@ -267,6 +404,57 @@ class BudgetSession:
         log.info("release %s: ledger record %d committed (epsilon %g)",
                  repr(name) if name is not None else "(unnamed)", record, epsilon)
         return out
+
+
+class _SessionRecorder:
+    """Records a median-mechanism session's public state in its ledger record as it goes."""
+
+    def __init__(self, ledger: Ledger, record: int):
+        self._ledger, self._record, self._session = ledger, record, None
+
+    def attach(self, session: MedianMechanismSession) -> None:
+        self._session = session
+        self._save()
+        if session.halted:
+            self._commit()
+
+    def opening_round(self) -> None:
+        """Before the first test of a round: a state taken from here on forfeits the round."""
+        state = dataclasses.replace(self._session.state(), round_open=True)
+        self._ledger.record_state(self._record, state.to_json())
+
+    def answered(self, answer) -> None:
+        if self._session is None:
+            return  # committed: an unverified answer after the halt reads no data
+        self._save()
+        if self._session.halted:
+            self._commit()
+
+    def _save(self) -> None:
+        self._ledger.record_state(self._record, self._session.state().to_json())
+
+    def _commit(self) -> None:
+        state = self._session.state()
+        self._ledger.commit(self._record, f"median session, halted after "
+                            f"{state.queries_answered} answer(s)", result=state.to_json())
+        self._session = None
+
+
+def _session_parameters(domain: dict, options: dict, *, seeded: bool) -> dict[str, Any]:
+    """A median-mechanism session's public parameters, stored and compared for a name."""
+    out: dict[str, Any] = {"release": "median_session", "seeded": seeded}
+    out["domain"] = {name: (dataclasses.asdict(spec) if isinstance(spec, NumericColumn)
+                            else {"values": list(spec.values)})
+                     for name, spec in domain.items()}
+    for key, value in options.items():
+        if key in ("prior", "candidates") and not isinstance(value, (str, type(None))):
+            dense = value.toarray() if hasattr(value, "toarray") else value
+            value = "sha256 " + hashlib.sha256(
+                np.ascontiguousarray(dense, dtype=np.float64).tobytes()).hexdigest()
+        elif key == "neighboring":
+            value = str(value)
+        out[key] = value
+    return json.loads(json.dumps(out, default=str))
 
 
 def _public_parameters(kind: str, column: str, kwargs: dict, req) -> dict[str, Any]:

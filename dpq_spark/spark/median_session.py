@@ -159,6 +159,15 @@ class MedianMechanismSession:
     expected_queries, target_accuracy, n_hint : optional
         A planned session: ``accuracy`` and ``max_hard_queries`` are chosen from public inputs by
         :func:`dpq_spark.core.interactive.planner.plan_median_session`; the plan is ``session.mechanism.plan``.
+    resume : MedianState, optional
+        Continue a session from its public state (:meth:`state`) with the same arguments over
+        the same data (see :class:`~dpq_spark.core.MedianMechanism`). A
+        :class:`~dpq_spark.BudgetSession` does this by name, with its ledger.
+    recorder : optional
+        An object told about the session's progress, for a ledger: ``opening_round()`` is
+        called before a query that starts a round of the sparse vector (its first private
+        test), ``answered(answer)`` after every answer. An exception from either stops the
+        query (before its test, or after its answer).
 
     Raises
     ------
@@ -213,25 +222,19 @@ class MedianMechanismSession:
         expected_queries=None,
         target_accuracy=None,
         n_hint=None,
+        resume=None,
+        recorder=None,
     ):
-        self.domain = _parse_domain(domain)
-        missing = [c for c in self.domain if c not in df.columns]
-        if missing:
-            raise ValueError(f"`domain` columns {missing} are not columns of `df`")
-        _check_column_types(df.schema, self.domain)
-        self._levels = [_levels(spec) for spec in self.domain.values()]
-        size = math.prod(self._levels)
-        if size > _MAX_DOMAIN:
-            raise ValueError(f"`domain` has {size} points; at most {_MAX_DOMAIN} are supported")
-        self.domain_size = size
         options = dict(
             epsilon=epsilon, accuracy=accuracy, max_hard_queries=max_hard_queries,
             neighboring=neighboring, candidates=candidates, candidate_size=candidate_size,
             n_candidates=n_candidates, prior=prior, refill_below=refill_below, after_halt=after_halt,
             expected_queries=expected_queries, target_accuracy=target_accuracy, n_hint=n_hint,
         )
-        MedianMechanism.check_options(size, **options)  # fail before any Spark job
+        self.domain, self._levels = self.check_arguments(df, domain=domain, **options)
+        size = self.domain_size = math.prod(self._levels)
         generator = resolve_rng(rng)
+        self._recorder = recorder
         self._spark = df.sparkSession
         self._codes = self._code_arrays()
         self._domain_df = None
@@ -241,8 +244,46 @@ class MedianMechanismSession:
         histogram = self._histogram(df)
         logger.info("median session: histogram over %d domain points built in %.2fs",
                     size, time.perf_counter() - started)
-        self.mechanism = MedianMechanism(histogram, rng=generator, **options)
+        self.mechanism = MedianMechanism(histogram, rng=generator, resume=resume, **options)
         del histogram
+
+    @staticmethod
+    def check_arguments(df, *, domain, **options) -> tuple[dict, list]:
+        """Validate a session's arguments against ``df``'s schema (no Spark job); return the
+        parsed domain and each column's number of levels.
+
+        Raises
+        ------
+        ValueError, TypeError
+            An argument breaks its rule, or a domain column is missing from ``df`` or has the
+            wrong type.
+        """
+        parsed = _parse_domain(domain)
+        missing = [c for c in parsed if c not in df.columns]
+        if missing:
+            raise ValueError(f"`domain` columns {missing} are not columns of `df`")
+        _check_column_types(df.schema, parsed)
+        levels = [_levels(spec) for spec in parsed.values()]
+        size = math.prod(levels)
+        if size > _MAX_DOMAIN:
+            raise ValueError(f"`domain` has {size} points; at most {_MAX_DOMAIN} are supported")
+        MedianMechanism.check_options(size, **options)
+        return parsed, levels
+
+    def state(self):
+        """The session's public state (:class:`~dpq_spark.core.interactive.median_state.MedianState`),
+        to resume it in another process."""
+        return self.mechanism.state()
+
+    def _ask(self, mask: np.ndarray) -> MedianAnswer:
+        """Every query ends here: tell the recorder, then the mechanism answers."""
+        recorder = self._recorder
+        if recorder is not None and not self.mechanism.halted and not self.mechanism.round_open:
+            recorder.opening_round()
+        answer = self.mechanism.ask(mask)
+        if recorder is not None:
+            recorder.answered(answer)
+        return answer
 
     # ---------------------------------------------------------------------------- the one job
     def _cell_expression(self):
@@ -372,7 +413,7 @@ class MedianMechanismSession:
         -------
         Covered by the session's ``epsilon``-DP guarantee.
         """
-        return self.mechanism.ask(self._to_mask(query))
+        return self._ask(self._to_mask(query))
 
     def ask_many(self, queries) -> list:
         """Answer several queries in order; all ``Column`` predicates are evaluated in one job.
@@ -385,7 +426,7 @@ class MedianMechanismSession:
         columns = [i for i, q in enumerate(queries) if _is_column(q)]
         evaluated = dict(zip(columns, self._column_masks([queries[i] for i in columns]))) if columns else {}
         masks = [evaluated[i] if i in evaluated else self._to_mask(q) for i, q in enumerate(queries)]
-        return [self.mechanism.ask(m) for m in masks]
+        return [self._ask(m) for m in masks]
 
     def _numeric(self, column: str) -> NumericColumn:
         spec = self.domain.get(column)
@@ -401,7 +442,7 @@ class MedianMechanismSession:
         spec = self._numeric(column)
         t = _check_real(t, "t")
         keep = np.append(spec.midpoints <= t, False)
-        return self.mechanism.ask(self._bin_mask(column, keep))
+        return self._ask(self._bin_mask(column, keep))
 
     def between(self, column: str, a, b) -> MedianAnswer:
         """Fraction of rows whose ``column`` bin midpoint lies in ``[a, b]``."""
@@ -411,7 +452,7 @@ class MedianMechanismSession:
             raise ValueError(f"`a` must be <= `b`, got a={a!r}, b={b!r}")
         mid = spec.midpoints
         keep = np.append((mid >= a) & (mid <= b), False)
-        return self.mechanism.ask(self._bin_mask(column, keep))
+        return self._ask(self._bin_mask(column, keep))
 
     def quantile(self, column: str, q) -> QuantileAnswer:
         """The ``q``-quantile of ``column`` among its non-missing rows, by binary search.
@@ -428,13 +469,13 @@ class MedianMechanismSession:
         q = float(check_quantiles([q], "q")[0])
         answers = []
         present = np.append(np.ones(spec.bins, dtype=bool), False)
-        answers.append(self.mechanism.ask(self._bin_mask(column, present)))
+        answers.append(self._ask(self._bin_mask(column, present)))
         target = q * answers[-1].value
         lo, hi = 0, spec.bins - 1
         while lo < hi:
             mid = (lo + hi) // 2
             keep = np.append(np.arange(spec.bins) <= mid, False)
-            answers.append(self.mechanism.ask(self._bin_mask(column, keep)))
+            answers.append(self._ask(self._bin_mask(column, keep)))
             if answers[-1].value >= target:
                 hi = mid
             else:

@@ -29,6 +29,9 @@ from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.randomness.samplers import achieved_epsilon, discrete_laplace, dlap_scale
 from dpq_spark.core._validation import _is_real, check_counts, check_epsilon, check_positive_int
 from dpq_spark.core.errors import SessionHaltedError
+from dpq_spark.core.interactive.median_state import (
+    MedianState, RecordedAnswer, decode_mask, encode_mask,
+)
 from dpq_spark.core.interactive.planner import plan_median_session
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
 from dpq_spark.core.interactive.sparse_vector import NumericSparse
@@ -260,6 +263,14 @@ class MedianMechanism:
         Desired accuracy for the planner (see :func:`~dpq_spark.core.interactive.planner.plan_median_session`).
     n_hint : float, optional
         Public guess of the row count for the planner under add/remove neighbours.
+    resume : MedianState, optional
+        Continue a session from its public state (:meth:`state`, taken in this or another
+        process) instead of starting one. The other arguments must be those the session was
+        started with, and ``histogram`` the same data. The candidates are rebuilt by replaying
+        the hard answers from the stored public seed; the released row count is reused (never
+        drawn again); the sparse vector draws a fresh threshold, and if the lost one had been
+        used (``state.round_open``) its round is forfeited: one hard answer fewer, no extra
+        privacy loss.
 
     Raises
     ------
@@ -354,9 +365,16 @@ class MedianMechanism:
         expected_queries=None,
         target_accuracy=None,
         n_hint=None,
+        resume=None,
     ):
         # Validate every argument before touching the data or drawing noise.
         hist = _check_histogram(histogram)
+        if resume is not None:
+            if not isinstance(resume, MedianState):
+                raise TypeError(f"`resume` must be a MedianState, got {type(resume).__name__}")
+            if resume.domain_size != hist.shape[0]:
+                raise ValueError(f"`resume` is a session over {resume.domain_size} domain points, "
+                                 f"not {hist.shape[0]}")
         options = self.check_options(
             hist.shape[0], epsilon=epsilon, accuracy=accuracy, max_hard_queries=max_hard_queries,
             neighboring=neighboring, candidates=candidates, candidate_size=candidate_size,
@@ -377,8 +395,10 @@ class MedianMechanism:
         given = options["given"]
         self._rng = resolve_rng(rng)
         # Candidate databases are public (prior and released answers only): a numpy generator
-        # seeded from the source draws them; it never touches noise.
-        self._public_rng = self._rng.public_generator()
+        # seeded from the source draws them; it never touches noise. Its seed is public state.
+        self.public_seed = (int.from_bytes(self._rng.bytes(32), "little") if resume is None
+                            else resume.public_seed)
+        self._public_rng = np.random.default_rng(self.public_seed)
 
         # Public candidates (no data involved).
         if mode == "exact":
@@ -404,7 +424,12 @@ class MedianMechanism:
         else:
             self.count_epsilon = COUNT_SHARE * self.epsilon
             self.count_noise_scale = dlap_scale(1, self.count_epsilon)
-            self.n = max(1, n_true + discrete_laplace(self._rng, self.count_noise_scale))
+            if resume is None:
+                self.n = max(1, n_true + discrete_laplace(self._rng, self.count_noise_scale))
+            elif resume.n_released is None or resume.n_released < 1:
+                raise ValueError("`resume` holds no released row count (add_remove needs one)")
+            else:
+                self.n = resume.n_released  # released before: never drawn again
         self.plan = None
         if options["expected_queries"] is not None:
             # planned session (dpq_spark.core.interactive.planner): public inputs only, before any query
@@ -418,6 +443,9 @@ class MedianMechanism:
             )
             self.accuracy = self.plan.accuracy
             self.max_hard_queries = self.plan.max_hard_queries
+        if resume is not None:  # the parameters the session ran with (its noise scales)
+            self.accuracy = resume.accuracy
+            self.max_hard_queries = resume.max_hard_queries
         self._histogram = hist
         self._units = self.n * self._candidates.size  # L: answers are integers in units of 1/L
         self._svt = NumericSparse(
@@ -428,6 +456,43 @@ class MedianMechanism:
             rng=self._rng,
         )
         self.queries_answered = 0
+        self._hard: list[tuple[str, float]] = []  # (encoded mask, value) of each hard answer
+        self._answers: list[RecordedAnswer] = []
+        if resume is not None:
+            self._replay(resume)
+
+    def _replay(self, state: MedianState) -> None:
+        """Rebuild the public state of a resumed session (no private data is read)."""
+        for text, value in state.hard:
+            mask = decode_mask(text, self.domain_size)
+            maskf = mask.astype(np.float64)
+            cand = (self._candidates.counts @ maskf) / self._candidates.size
+            self._update(mask, cand, value)
+            self._hard.append((text, value))
+        self._svt.resume(above_count=len(state.hard), forfeited_rounds=state.forfeited_rounds,
+                         round_open=state.round_open)
+        self._answers = list(state.answers)
+        self.queries_answered = len(state.answers)
+
+    def state(self) -> MedianState:
+        """The session's public state now, to resume it later (:class:`MedianState`)."""
+        released = None if self.neighboring is NeighboringRelation.SWAP else self.n
+        return MedianState(
+            public_seed=self.public_seed, accuracy=self.accuracy,
+            max_hard_queries=self.max_hard_queries, domain_size=self.domain_size,
+            n_released=released, hard=tuple(self._hard), answers=tuple(self._answers),
+            forfeited_rounds=self._svt.forfeited_rounds, round_open=self._svt.round_open)
+
+    @property
+    def round_open(self) -> bool:
+        """True once a test of the current round has run: a state taken now forfeits that
+        round when it is resumed. The next query opens a round when this is False."""
+        return self._svt.round_open
+
+    @property
+    def forfeited_rounds(self) -> int:
+        """Rounds ended without a hard answer by resumes (each costs one hard answer)."""
+        return self._svt.forfeited_rounds
 
     @classmethod
     def check_options(
@@ -645,8 +710,8 @@ class MedianMechanism:
                     "after_halt='candidate_median' for unverified answers"
                 )
             value = _lower_median(self._candidates.answers(mask.astype(np.float64)))
-            self.queries_answered += 1
-            return MedianAnswer(value, AnswerKind.UNVERIFIED, self.epsilon_spent, 0, index)
+            return self._answered(MedianAnswer(value, AnswerKind.UNVERIFIED, self.epsilon_spent,
+                                               0, index))
 
         maskf = mask.astype(np.float64)
         cand_counts = self._candidates.counts @ maskf  # whole numbers (public)
@@ -663,12 +728,19 @@ class MedianMechanism:
         else:
             above = self._svt.query(median_units - true_units)
             noisy_units = None if above is None else median_units - above
-        self.queries_answered += 1
         if noisy_units is None:
-            return MedianAnswer(median, AnswerKind.EASY, self.epsilon_spent, self.hard_queries_left, index)
+            return self._answered(MedianAnswer(median, AnswerKind.EASY, self.epsilon_spent,
+                                               self.hard_queries_left, index))
         value = min(max(noisy_units, 0), self._units) / self._units  # exact int / int, rounded once
         self._update(mask, cand, value)
-        return MedianAnswer(value, AnswerKind.HARD, self.epsilon_spent, self.hard_queries_left, index)
+        self._hard.append((encode_mask(mask), value))
+        return self._answered(MedianAnswer(value, AnswerKind.HARD, self.epsilon_spent,
+                                           self.hard_queries_left, index))
+
+    def _answered(self, answer: MedianAnswer) -> MedianAnswer:
+        self.queries_answered += 1
+        self._answers.append(RecordedAnswer(answer.index, answer.value, answer.kind.value))
+        return answer
 
     def _update(self, mask: np.ndarray, cand: np.ndarray, value: float) -> None:
         """Public update after a hard answer: filter, record, refill (no private data)."""

@@ -91,6 +91,12 @@ class NumericSparse:
     ``h`` above-threshold answers the privacy loss so far is at most ``h epsilon / c``, plus
     ``epsilon_1 / c`` once a test of the next round has run: that is :attr:`epsilon_spent`.
 
+    A round may also end without an above-threshold answer (:meth:`forfeit_round`), when its
+    noisy threshold is lost (a session resumed in another process: the threshold is a secret and
+    is never stored). The next round draws a fresh threshold; the forfeited one counts as one of
+    the ``c`` rounds, at the full ``epsilon / c`` (its tests, and an answer that may have been
+    drawn and never released), so the stream's loss stays at most ``epsilon``.
+
     Privacy
     -------
     ``epsilon``-DP (pure) for the whole, adaptively chosen stream of any length, provided every
@@ -121,6 +127,7 @@ class NumericSparse:
                                  + achieved_epsilon(2 * c * delta, self.answer_noise_scale) / 2)
         self._threshold_int = math.ceil(self.threshold)
         self.above_count = 0
+        self.forfeited_rounds = 0
         self.threshold_draws = 0
         self._round_open = False
         self._noisy_threshold = self._draw_threshold()
@@ -136,22 +143,66 @@ class NumericSparse:
         return discrete_laplace(self._rng, self.answer_noise_scale)
 
     @property
+    def rounds_used(self) -> int:
+        """Rounds ended so far: above-threshold answers and forfeited rounds."""
+        return self.above_count + self.forfeited_rounds
+
+    @property
     def halted(self) -> bool:
-        """True once ``max_above`` above-threshold answers have been given."""
-        return self.above_count >= self.max_above
+        """True once ``max_above`` rounds have ended (above-threshold answers or forfeits)."""
+        return self.rounds_used >= self.max_above
 
     @property
     def above_left(self) -> int:
         """How many above-threshold answers are left before the stream halts."""
-        return self.max_above - self.above_count
+        return self.max_above - self.rounds_used
+
+    @property
+    def round_open(self) -> bool:
+        """True once a test of the current round has run (its threshold has been used)."""
+        return self._round_open
 
     @property
     def epsilon_spent(self) -> float:
         """Upper bound on the privacy loss of the outputs so far (at most ``epsilon``)."""
-        spent = self.above_count * self.epsilon / self.max_above
+        spent = self.rounds_used * self.epsilon / self.max_above
         if self._round_open:
             spent += self.test_epsilon / self.max_above
         return min(spent, self.epsilon)
+
+    def resume(self, *, above_count: int, forfeited_rounds: int, round_open: bool) -> None:
+        """Continue a stream another object ran, from its public counters, before any query.
+
+        ``round_open``: the other object had run a test of its current round, whose threshold
+        is lost; that round is forfeited (:meth:`forfeit_round`). This object's threshold, drawn
+        when it was made, starts the next round.
+
+        Raises
+        ------
+        ValueError
+            A counter is negative or the counters exceed ``max_above``; or a query has run.
+        """
+        for name, value in (("above_count", above_count), ("forfeited_rounds", forfeited_rounds)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"`{name}` must be an integer >= 0, got {value!r}")
+        if above_count + forfeited_rounds > self.max_above:
+            raise ValueError("`above_count` + `forfeited_rounds` exceed `max_above`")
+        if self.rounds_used or self._round_open:
+            raise ValueError("a stream can be resumed only before its first query")
+        self.above_count = int(above_count)
+        self.forfeited_rounds = int(forfeited_rounds)
+        if round_open and not self.halted:
+            self.forfeited_rounds += 1  # the threshold drawn at construction is still unused
+
+    def forfeit_round(self) -> None:
+        """End the current round without an above-threshold answer; the next one draws a fresh
+        threshold. It counts as one of the ``max_above`` rounds (see the class notes)."""
+        if self.halted:
+            raise SessionHaltedError("the sparse vector stream has halted")
+        self.forfeited_rounds += 1
+        self._round_open = False
+        if not self.halted:
+            self._noisy_threshold = self._draw_threshold()
 
     def query(self, value: int) -> int | None:
         """Test one integer query value; return ``None`` (below) or ``value`` plus noise (above).

@@ -403,6 +403,12 @@ class Ledger:
         :meth:`commit`), so that a run that dies while writing leaves a findable trace."""
         self._move(record_id, ("spent",), "spent", output=path)
 
+    def record_state(self, record_id: int, state: str) -> None:
+        """Store the public state of a ``spent`` release that is still running (an
+        interactive session's answers so far), replacing the last one; :meth:`result` reads
+        it."""
+        self._move(record_id, ("spent",), "spent", result=state)
+
     def commit(self, record_id: int, output: str, *, result: str | None = None) -> None:
         """Turn a spent reservation into a committed release written to ``output``.
 
@@ -511,7 +517,8 @@ class Ledger:
         return None if row is None else self.get(int(row[0]))
 
     def result(self, record_id: int) -> str | None:
-        """The released values a committed record stored (``None`` if it stored none)."""
+        """The released values a committed record stored, or the last state a running one
+        recorded (:meth:`record_state`); ``None`` if it stored none."""
         with self._reading() as conn:
             row = self._exec(conn, "SELECT result FROM releases WHERE id = ?",
                              (record_id,)).fetchone()
