@@ -18,6 +18,10 @@ The life of one release:
 4. the reservation is marked spent and the release runs: from here on the charge stays,
    whatever happens, since whether a release fails can depend on the data;
 5. the released values are stored with the record (they are public) and the charge committed.
+
+A median-mechanism session (:meth:`BudgetSession.median_session`) is charged its whole epsilon
+when it opens; its answers are recorded as they are released, and it is committed when it halts.
+Opened again by name, it is resumed from that public state.
 """
 
 from __future__ import annotations
