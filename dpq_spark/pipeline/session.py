@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.interactive.median_state import MedianState
+from dpq_spark.pipeline.charge import Charge, reserved, stored_release
 from dpq_spark.pipeline.ledger import Ledger, LedgerError, open_ledger
 from dpq_spark.pipeline.ledger.unit import PrivacyUnit
 from dpq_spark.spark._arguments import parse_request
@@ -308,38 +309,23 @@ class BudgetSession:
             record = self._ledger.named(self.dataset, name)
             if record is not None:
                 return self._resume(record, name, params, open_session)
-        record = self._ledger.reserve(self.dataset, epsilon=float(epsilon), delta=0.0,
-                                      mechanism="median_mechanism", parameters=params,
-                                      job=f"session {self.dataset}", name=name)
-        return self._start(record, name, open_session)
-
-    def _start(self, record: int, name, open_session, resume=None):
-        """Mark ``record`` spent, read the data, record the session's first state."""
-        try:
-            self._ledger.mark_spent(record)
-        except BaseException as exc:
-            self._ledger.cancel(record, reason=f"failed before the session read data: "
-                                f"{type(exc).__name__}", by=f"session {self.dataset}")
-            raise
-        recorder = _SessionRecorder(self._ledger, record)
-        try:
-            session = open_session(resume=resume, recorder=recorder)
+        with reserved(self._ledger, self.dataset, by=f"session {self.dataset}",
+                      epsilon=float(epsilon), delta=0.0, mechanism="median_mechanism",
+                      parameters=params, name=name) as charge, charge.spending():
+            recorder = _SessionRecorder(charge)
+            session = open_session(resume=None, recorder=recorder)  # reads the data
             recorder.attach(session)
-        except BaseException as exc:
-            self._ledger.note(record, f"session failed after it read data: "
-                              f"{type(exc).__name__}; the charge stays")
-            raise
         log.info("median session %s: ledger record %d (epsilon %g)",
-                 repr(name) if name is not None else "(unnamed)", record, session.epsilon)
+                 repr(name) if name is not None else "(unnamed)", charge.id, session.epsilon)
         return session
 
     def _resume(self, record, name: str, params: dict, open_session):
         differ = record.differing_parameters(params)
         if differ:
             raise DPQValueError(
-                f"dataset {self.dataset!r} already has a release named {name!r} (ledger record "
-                f"{record.id}) with other parameters ({', '.join(differ)} differ); give this "
-                "session another name")
+                f"the release named {name!r} of dataset {self.dataset!r} was released before "
+                f"(ledger record {record.id}) with other parameters ({', '.join(differ)} "
+                "differ); give this session another name")
         if record.mechanism != "median_mechanism" or record.status not in ("spent", "committed"):
             raise LedgerError(
                 f"the release named {name!r} (ledger record {record.id}, {record.status}) is "
@@ -351,7 +337,8 @@ class BudgetSession:
         else:
             # No state: the session was charged and died before it released anything (a row
             # count it may have drawn was never stored nor released): it starts afresh.
-            recorder = _SessionRecorder(self._ledger, record.id)
+            recorder = _SessionRecorder(Charge(self._ledger, record.id, f"session {self.dataset}",
+                                               status="spent"))
             session = open_session(resume=state, recorder=recorder)
             recorder.attach(session)
         forfeited = "" if state is None or not state.round_open else (
@@ -365,20 +352,11 @@ class BudgetSession:
     def _stored(self, name: str, params: dict) -> "DataFrame | None":
         """The stored release called ``name`` if its parameters are ``params``; else None when
         there is none, and a refusal when it differs or never finished."""
-        record = self._ledger.named(self.dataset, name)
+        record = stored_release(self._ledger, self.dataset, name, params,
+                                what=f"the release named {name!r} of dataset {self.dataset!r}",
+                                rename="give this release another name")
         if record is None:
             return None
-        differ = record.differing_parameters(params)
-        if differ:
-            raise DPQValueError(
-                f"dataset {self.dataset!r} already has a release named {name!r} (ledger record "
-                f"{record.id}) with other parameters ({', '.join(differ)} differ); give this "
-                "release another name")
-        if record.status != "committed":
-            raise LedgerError(
-                f"the release named {name!r} (ledger record {record.id}) is {record.status!r}: "
-                "it was charged but its values were never stored (it may still be running, or "
-                "it failed); a release under a new name is charged anew")
         text = self._ledger.result(record.id)
         if text is None:
             raise LedgerError(f"ledger record {record.id} ({name!r}) stored no values")
@@ -387,34 +365,24 @@ class BudgetSession:
         return _from_stored(self._data.sparkSession, text)
 
     def _charge_and_run(self, name, params: dict, epsilon: float, delta, mechanism: str, run):
-        who = f"session {self.dataset}"
-        record = self._ledger.reserve(self.dataset, epsilon=epsilon, delta=delta,
-                                      mechanism=mechanism, parameters=params, job=who, name=name)
-        try:
-            self._ledger.mark_spent(record)
-        except BaseException as exc:
-            self._ledger.cancel(record, reason=f"failed before the release ran: "
-                                f"{type(exc).__name__}", by=who)
-            raise
-        try:
+        with reserved(self._ledger, self.dataset, by=f"session {self.dataset}", epsilon=epsilon,
+                      delta=delta, mechanism=mechanism, parameters=params,
+                      name=name) as charge, charge.spending():
             released = run()
             text = _to_stored(released)
             out = _from_stored(self._data.sparkSession, text)
-            self._ledger.commit(record, f"ledger record {record}", result=text)
-        except BaseException as exc:
-            self._ledger.note(record, f"failed after the release started: {type(exc).__name__};"
-                              " the charge stays")
-            raise
+            charge.commit(f"ledger record {charge.id}", result=text)
         log.info("release %s: ledger record %d committed (epsilon %g)",
-                 repr(name) if name is not None else "(unnamed)", record, epsilon)
+                 repr(name) if name is not None else "(unnamed)", charge.id, epsilon)
         return out
 
 
 class _SessionRecorder:
-    """Records a median-mechanism session's public state in its ledger record as it goes."""
+    """Records a median-mechanism session's public state in its (spent) charge as it goes,
+    and commits the charge when the session halts."""
 
-    def __init__(self, ledger: Ledger, record: int):
-        self._ledger, self._record, self._session = ledger, record, None
+    def __init__(self, charge: Charge):
+        self._charge, self._session = charge, None
 
     def attach(self, session: MedianMechanismSession) -> None:
         self._session = session
@@ -425,7 +393,7 @@ class _SessionRecorder:
     def opening_round(self) -> None:
         """Before the first test of a round: a state taken from here on forfeits the round."""
         state = dataclasses.replace(self._session.state(), round_open=True)
-        self._ledger.record_state(self._record, state.to_json())
+        self._charge.record_state(state.to_json())
 
     def answered(self, answer) -> None:
         if self._session is None:
@@ -435,12 +403,12 @@ class _SessionRecorder:
             self._commit()
 
     def _save(self) -> None:
-        self._ledger.record_state(self._record, self._session.state().to_json())
+        self._charge.record_state(self._session.state().to_json())
 
     def _commit(self) -> None:
         state = self._session.state()
-        self._ledger.commit(self._record, f"median session, halted after "
-                            f"{state.queries_answered} answer(s)", result=state.to_json())
+        self._charge.commit(f"median session, halted after {state.queries_answered} answer(s)",
+                            result=state.to_json())
         self._session = None
 
 

@@ -64,8 +64,8 @@ def test_a_named_release_asked_again_is_the_stored_one_and_charges_once(books, l
     pd.testing.assert_frame_equal(first, again)
     assert [r.status for r in open_ledger(ledger_url).records("books")] == ["committed"]
     assert s.remaining.epsilon == pytest.approx(2.0)
-    with pytest.raises(DPQValueError, match=r"already has a release named 'ratings 2026-12' "
-                                            r".*\(epsilon differ\)"):
+    with pytest.raises(DPQValueError, match=r"the release named 'ratings 2026-12' .* was "
+                                            r"released before .*\(epsilon differ\)"):
         release(s, name="ratings 2026-12", epsilon=0.5)
     assert s.remaining.epsilon == pytest.approx(2.0)
     fresh = release(s, name="ratings 2027-01").toPandas()  # another name: charged anew
@@ -123,8 +123,8 @@ def test_a_failure_after_the_release_started_keeps_the_charge(books, ledger_url,
     assert record.status == "spent" and "the charge stays" in record.note
     assert s.remaining.epsilon == pytest.approx(2.0)
     monkeypatch.undo()
-    with pytest.raises(LedgerError, match=r"'doomed' .* is 'spent': it was charged but its "
-                                          r"values were never stored"):
+    with pytest.raises(LedgerError, match=r"'doomed' .* is 'spent': it was charged but never "
+                                          r"committed"):
         release(s, name="doomed")  # never a fresh draw under a name already charged
     assert s.remaining.epsilon == pytest.approx(2.0)
 
@@ -157,6 +157,7 @@ def test_a_session_and_a_job_in_other_processes_share_one_budget(books, ledger_u
         format = "csv"
         path = "{data}"
         column = "rating"
+        schema = {{ rating = "double" }}
         [release]
         quantiles = "median"
         epsilon = 1.5
