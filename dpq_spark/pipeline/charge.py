@@ -22,8 +22,9 @@ from typing import Iterator
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.pipeline._signals import deferred_signals
 from dpq_spark.pipeline.ledger import Ledger, LedgerError, LedgerRecord
+from dpq_spark.pipeline.ledger.unit import NEIGHBORING, PrivacyUnit
 
-__all__ = ["Charge", "reserved", "stored_release"]
+__all__ = ["Charge", "check_unit", "reserved", "stored_release"]
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ class Charge:
         except BaseException as exc:
             if self.status != "committed":
                 with deferred_signals():
-                    self.ledger.note(self.id, f"failed after the release started: "
-                                     f"{type(exc).__name__}; the charge stays")
+                    self.ledger.note(self.id, f"failed after reading the input: "
+                                     f"{type(exc).__name__}; budget stays charged")
                 log.error("ledger record %d stays charged: the release failed after it started",
                           self.id)
             raise
@@ -90,10 +91,30 @@ def reserved(ledger: Ledger, dataset_id: str, *, by: str, **reservation) -> Iter
     except BaseException as exc:
         if charge.status == "reserved":
             with deferred_signals():
-                ledger.cancel(record, reason=f"failed before the release read data: "
+                ledger.cancel(record, reason=f"failed before reading the input: "
                               f"{type(exc).__name__}", by=by)
             log.info("ledger record %d cancelled: no private row was read", record)
         raise
+
+
+def check_unit(dataset_id: str, unit: PrivacyUnit, column: str | None, neighboring,
+               *, what: str = "this release") -> None:
+    """Refuse a release that protects less than the dataset's unit (``column``: the release's
+    privacy unit column, None for one row), naming both units.
+
+    Raises
+    ------
+    DPQValueError
+        The relation differs, or the release protects one row of a per-column budget.
+    """
+    relation = str(getattr(neighboring, "value", neighboring))
+    if unit.admits(column, relation):
+        return
+    asked = (PrivacyUnit(column=column, neighboring=relation).describe()
+             if relation in NEIGHBORING else f"neighboring={relation!r}")
+    raise DPQValueError(f"{what} protects {asked}, but dataset {dataset_id!r}'s budget counts "
+                        f"{unit.describe()}: a release charged to it must protect that unit (or "
+                        "one containing it)")
 
 
 def stored_release(ledger: Ledger, dataset_id: str, name: str, parameters: dict, *,

@@ -220,9 +220,13 @@ def _race(kind, url, barrier, results):
     ledger = cls.__new__(cls)
     ledger.__dict__.update(open_ledger(url).__dict__)
     assert isinstance(ledger, Ledger)
+    from dpq_spark.pipeline.charge import reserved
+
     barrier.wait()
-    try:
-        ledger.reserve("books", epsilon=1.0, epsilon_cap=10.0, mechanism="joint_exp")
+    try:  # the life of a charge that sessions and jobs share
+        with reserved(ledger, "books", by="racer", epsilon=1.0, epsilon_cap=10.0,
+                      mechanism="joint_exp") as charge, charge.spending():
+            charge.commit("nowhere")
         results.put("ok")
     except BudgetExceededError:
         results.put("refused")
@@ -243,7 +247,8 @@ def _run_race(kind, url, n):
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [8])
 def test_racing_jobs_never_pass_the_cap(ledger_url, n):
-    """8 processes race for 2 units of budget left: exactly 2 get it, on both backends."""
+    """8 processes race for 2 units of budget left through the life of a charge that sessions
+    and jobs share: exactly 2 get it, on both backends."""
     ledger = init_ledger(ledger_url, dataset_id="books", epsilon_cap=10.0)
     for _ in range(8):
         reserve(ledger, eps=1.0, cap=10.0)  # 2.0 left
