@@ -120,7 +120,7 @@ def test_a_failure_after_the_release_started_keeps_the_charge(books, ledger_url,
     with pytest.raises(RuntimeError):
         release(s, name="doomed")
     (record,) = open_ledger(ledger_url).records("books")
-    assert record.status == "spent" and "the charge stays" in record.note
+    assert record.status == "spent" and "budget stays charged" in record.note
     assert s.remaining.epsilon == pytest.approx(2.0)
     monkeypatch.undo()
     with pytest.raises(LedgerError, match=r"'doomed' .* is 'spent': it was charged but never "
