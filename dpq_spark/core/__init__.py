@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dpq_spark._lazy import lazy_attributes
 
-from dpq_spark.core.errors import BudgetExceededError, DPQValueError, SessionHaltedError
+from dpq_spark.core.errors import (
+    BoundsNotFoundError,
+    BudgetExceededError,
+    DPQValueError,
+    SessionHaltedError,
+)
 from dpq_spark.core.quantiles.bounds import PrivateBounds, private_bounds
 from dpq_spark.core.quantiles.choose import choose_mechanism
 from dpq_spark.core.quantiles.release import QuantileRelease
@@ -42,6 +47,7 @@ __all__ = [
     "AnswerKind",
     "NeighboringRelation",
     "BudgetExceededError",
+    "BoundsNotFoundError",
     "DPQValueError",
     "SessionHaltedError",
 ]

@@ -152,6 +152,7 @@ def agg_tree(
     rng: np.random.Generator | None = None,
     branching: int = 16,
     height: int = 4,
+    granularity: float | None = None,
 ) -> np.ndarray:
     """Estimate m quantiles from a Laplace-noised, Honaker-aggregated hierarchical histogram.
 
@@ -177,6 +178,10 @@ def agg_tree(
         Children per node, >= 2.
     height : int, default 4
         Levels below the root, >= 1; ``branching**height`` leaves (at most 2**24).
+    granularity : float, optional
+        Step of the public grid the estimates are rounded to
+        (:class:`~dpq_spark.core.randomness.grid.Grid`); default ``(upper - lower) / 2**32``.
+        Public, like the bounds; the rounding is post-processing.
 
     Returns
     -------
@@ -220,6 +225,7 @@ def agg_tree(
     """
     b = check_positive_int(branching, "branching", minimum=2)
     h = check_positive_int(height, "height", minimum=1)
+    grid = Grid(lower, upper, granularity)  # public arguments first
     if b**h > _MAX_LEAVES:
         raise DPQValueError(f"`branching`**`height` must be <= 2**24 leaves, got {b}**{h}")
     request, x, c = validate_request(
@@ -245,8 +251,7 @@ def agg_tree(
     variance = 2.0 * q / (1.0 - q) ** 2 if q > 0.0 else 1.0
     tree = honaker_aggregate(noisy, b, variance, float(data.n) if swap else None)
     out = np.array([_descend(tree, b, request.lower, request.upper, float(q)) for q in request.quantiles])
-    # Rounded to the public default grid, like every other release (post-processing).
-    grid = Grid(request.lower, request.upper)
+    # Rounded to the public grid, like every other release (post-processing).
     return grid.value(grid.snap(np.sort(np.clip(out, request.lower, request.upper))))
 
 
@@ -261,6 +266,7 @@ def histogram(
     counts=None,
     rng: np.random.Generator | None = None,
     bins: int = HISTOGRAM_BINS,
+    granularity: float | None = None,
 ) -> np.ndarray:
     """Estimate m quantiles from one noisy histogram of ``bins`` equal-width bins.
 
@@ -273,7 +279,7 @@ def histogram(
 
     Parameters
     ----------
-    values, quantiles, epsilon, lower, upper, neighboring, counts, rng
+    values, quantiles, epsilon, lower, upper, neighboring, counts, rng, granularity
         As for :func:`agg_tree`.
     bins : int, default 16
         Equal-width bins of ``[lower, upper]``, from 2 to 2**24.
@@ -310,4 +316,5 @@ def histogram(
     if b > _MAX_LEAVES:
         raise DPQValueError(f"`bins` must be <= 2**24, got {b}")
     return agg_tree(values, quantiles, epsilon=epsilon, lower=lower, upper=upper,
-                    neighboring=neighboring, counts=counts, rng=rng, branching=b, height=1)
+                    neighboring=neighboring, counts=counts, rng=rng, branching=b, height=1,
+                    granularity=granularity)

@@ -2,32 +2,64 @@
 
 The rule
 --------
-Inputs: ``m`` (the number of quantiles), ``epsilon`` (the budget left for the quantiles) and ``n``
-(the row count: public under swap neighbours; under add/remove the user's public ``n_hint``, or
-else a noisy count bought with ``count_share * epsilon``). With ``size = n * epsilon``:
+Inputs, all public: ``m`` (the number of quantiles), ``epsilon`` (the budget left for the
+quantiles), ``n`` (the row count: public under swap neighbours; under add/remove the user's public
+``n_hint``, or else a noisy count bought with ``count_share * epsilon``) and, when both bounds are
+given, the public grid: its step ``granularity`` (declared by the caller) and ``G``, its number of
+points between the bounds (:func:`grid_points`). With ``s = n * epsilon``, bands of ``m``
+``1 | 2-5 | 6-16 | 17-53 | 54+`` and of ``s`` cut at 25 and at half decades (316, 3162, 10**6.5):
 
-=====================================  ======================
-condition                              mechanism
-=====================================  ======================
-``m == 1``                             ``ind_exp``
-``size < 25``                          ``histogram`` (16 bins)
-``m <= M1 = 35 (size / 1000) ** 0.4``  ``joint_exp``
-``m <= M2 = 55 (size / 1000) ** 0.4``  ``approx_quantiles``
-otherwise                              ``agg_tree``
-=====================================  ======================
+===================  ======  ==========  ==========  ==========  ==========
+no declared grid     m = 1   m 2-5       m 6-16      m 17-53     m >= 54
+===================  ======  ==========  ==========  ==========  ==========
+s < 25               IndExp  histogram   histogram   histogram   histogram
+25 <= s < 316        IndExp  first rule  first rule  first rule  first rule
+316 <= s < 3162      IndExp  JointExp    JointExp    JointExp    AggTree
+3162 <= s < 10**6.5  IndExp  JointExp    JointExp    AQ          AggTree
+s >= 10**6.5         IndExp  JointExp    JointExp    AQ          AQ
+===================  ======  ==========  ==========  ==========  ==========
 
-(``M1`` and ``M2`` are at least 2.) Where it comes from: ``docs/evaluation.md``'s tables at
-``n = 1000``, ``epsilon = 1`` (``benchmarks/results/accuracy_trials.csv``; geometric mean over the
-four datasets of the mean missed points): JointExp is best for ``m = 2 .. 30`` (ApproxQuantiles
-1.2x worse at 30, 0.87x at 40: crossover about 35), ApproxQuantiles at 40 and 50, AggTree from 60
-(0.56 against 0.59 at 50, 0.41 against 0.37 at 60: crossover about 55); at ``m = 1`` IndExp and
-JointExp are the same mechanism under swap (0.91x, trial noise) and IndExp is the simpler one.
-The crossovers move with ``n * epsilon``: in a check on N(0, 5) (6 trials, swap, bounds +-100;
-``benchmarks/choosing_parameters.py --part crossover``) JointExp stayed best up to ``m = 80`` at
-``n epsilon = 1e4`` and ``1e5``, while at ``n epsilon = 250`` ApproxQuantiles and AggTree beat it
-from ``m = 20-30``. The power 0.4 fits those three points (35 (0.25) ** 0.4 = 20, 35 * 10 ** 0.4 =
-88). The rule is a fitted summary of these measurements, not a theorem; it is public, so using it
-costs no privacy.
+A declared grid (``granularity`` given) of ``G <= TYPED_GRID_MAX = 16**4`` points (AggTree's
+default leaves then hold at most one grid point each; integers, dates, decimals) has its own rule:
+
+===================  =====  =========  =========  =========  =========
+typed grid           m = 1  m 2-5      m 6-16     m 17-53    m >= 54
+===================  =====  =========  =========  =========  =========
+s < 25               AQ     histogram  histogram  histogram  histogram
+25 <= s < 316        AQ     JointExp   histogram  histogram  histogram
+316 <= s < 3162      AQ     AQ         JointExp   histogram  histogram
+3162 <= s < 10**6.5  AQ     AQ         JointExp   AQ         AggTree
+s >= 10**6.5         AQ     AQ         AggTree    AggTree    AggTree
+===================  =====  =========  =========  =========  =========
+
+(AQ = ApproxQuantiles; histogram = 16 bins; first rule: see below.) A larger declared grid, or
+none, gets the first table; so do callers that pass no grid (bounds missing: the grid is only
+known after the private bounds). The first rule, kept for ``25 <= s < 316`` on continuous
+columns: JointExp for ``m <= M1 = 35 (s / 1000) ** 0.4``, ApproxQuantiles for
+``m <= M2 = 55 (s / 1000) ** 0.4``, AggTree beyond (``M1``, ``M2`` at least 2), fitted to ``docs/evaluation.md``'s tables at ``n = 1000``,
+``epsilon = 1`` (missed points; ``benchmarks/results/accuracy_trials.csv``) and to
+``benchmarks/choosing_parameters.py --part crossover``.
+
+Where the tables come from: ``benchmarks/choosing_auto_grid.py`` (2 December 2026; the errors in
+``benchmarks/results/choosing_auto_grid_errors.csv``, auto's ratio to the best per case in
+``..._ratios.csv``): m in {1, 3, 9, 29, 99, 199}, s in {10, ..., 1e7} (n up to 1e5, epsilon up to
+100), add/remove, bounds given, mean absolute error against the true quantiles over 8-80 seeded
+repetitions (half of them for G = 10,001), for N(0, 5) in +-100 (no grid), two-decimal ratings in
+[0, 5] (G = 501), integers in [0, 100] (G = 101) and in [0, 1e4] (G = 10,001). Each cell is the
+mechanism with the smallest worst ratio to the best over the measured cases of its band. On 153 of
+the 168 cases auto's error is within 1.15x of the best explicit mechanism's; of the other 15, 9
+are within two standard errors of it (errors of one grid step in a few releases, or a close
+runner-up) and 6 are not: continuous columns at ``s = 10`` with m = 1 (2.2x; the histogram is
+best) and at ``s = 100`` with m = 9, 29, 99 (5.4x, 2.7x, 2.2x; the histogram again), where the
+first rule and the ``size < 25`` threshold are kept: bounds 13x wider than the data's spread
+favour the coarse histogram there, the earlier measurements with tighter bounds (below) did not,
+and the batched and Spark paths' tests of small groups are built on these choices; continuous
+columns at m = 3, ``s = 1000`` (1.40x: ApproxQuantiles is best), where JointExp is kept (the Spark
+path runs it on exact grid indices, ApproxQuantiles on coarse cells, and its exactness tests pin
+it there); and integers in [0, 100] at m = 3, ``s = 100`` (1.28x: ApproxQuantiles is best there
+but 1.33x on the decimals).
+The rule is a fitted summary of these measurements, not a theorem; it is public, so using it
+costs no privacy, and it never reads the values.
 
 Few rows (``size < 25``). Below about 25 rows' worth of budget every fine mechanism is mostly
 noise, and a 16-bin noisy histogram (:func:`~dpq_spark.core.quantiles.agg_tree.histogram`, one count per
@@ -47,55 +79,133 @@ import math
 
 import numpy as np
 
+from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
-from dpq_spark.core._validation import _is_real, check_counts, check_epsilon, check_quantiles, check_values
+from dpq_spark.core._validation import (_is_real, check_counts, check_epsilon, check_granularity,
+                                        check_quantiles, check_values)
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
 from dpq_spark.core.quantiles._pure import get_base_mechanism
 from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, with_private_bounds
 from dpq_spark.core.quantiles.release import QuantileRelease
 
-__all__ = ["choose_mechanism", "auto", "plan_auto", "DEFAULT_COUNT_SHARE"]
+__all__ = ["choose_mechanism", "auto", "plan_auto", "grid_points", "DEFAULT_COUNT_SHARE", "TYPED_GRID_MAX"]
 
 #: Share of epsilon spent on a noisy row count when ``mechanism="auto"`` needs ``n`` under
 #: add/remove neighbours and no ``n_hint`` is given.
 DEFAULT_COUNT_SHARE = 0.05
 #: Below this ``n * epsilon`` (and ``m > 1``) ``"auto"`` runs the 16-bin ``histogram``.
 TINY_SIZE = 25.0
+#: A declared grid (``granularity`` given) with at most this many points is "typed": AggTree's
+#: default 16**4 leaves then hold at most one grid point each.
+TYPED_GRID_MAX = 16**4
+# n * epsilon band edges (half a decade above 100, 1e3, 1e6) and m band edges (between the
+# measured m = 3 | 9, 9 | 29, 29 | 99), from the grid of benchmarks/choosing_auto_grid.py.
+_S2, _S3, _S6 = 10**2.5, 10**3.5, 10**6.5
+_FEW, _SOME, _MANY = 5, 16, 53
+# The first rule's crossovers (JointExp up to M1, ApproxQuantiles up to M2), used below _S2.
 _M1, _M2, _POWER, _REF = 35.0, 55.0, 0.4, 1000.0
 
 
-def choose_mechanism(m, *, n, epsilon) -> str:
+def grid_points(lower, upper, granularity=None) -> int:
+    """``G``, the number of points of the public grid on ``[lower, upper]`` with step ``granularity``.
+
+    ``Grid(lower, upper, granularity).size``: ``floor((upper - lower) / granularity) + 1``, and
+    ``2**32 + 1`` for the default grid (no granularity). Public arguments only.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad bound or granularity, naming it.
+    """
+    return Grid(lower, upper, granularity).size
+
+
+def _continuous(m: int, size: float) -> str:
+    """The rule without a declared grid (floats, or the default grid of 2**32 steps)."""
+    if m == 1:
+        return "ind_exp"
+    if size < TINY_SIZE:
+        return "histogram"
+    if size < _S2:  # the first rule (module notes), kept below n * epsilon = 316
+        factor = (max(size, 1.0) / _REF) ** _POWER
+        if m <= max(2.0, _M1 * factor):
+            return "joint_exp"
+        return "approx_quantiles" if m <= max(2.0, _M2 * factor) else "agg_tree"
+    if m <= _SOME:
+        return "joint_exp"
+    if m <= _MANY:
+        return "joint_exp" if size < _S3 else "approx_quantiles"
+    return "agg_tree" if size < _S6 else "approx_quantiles"
+
+
+def _typed(m: int, size: float) -> str:
+    """The rule on a declared grid of at most ``TYPED_GRID_MAX`` points (integers, decimals)."""
+    if m == 1:
+        return "approx_quantiles"
+    if size < TINY_SIZE:
+        return "histogram"
+    if size < _S2:
+        return "joint_exp" if m <= _FEW else "histogram"
+    if m <= _FEW:
+        return "approx_quantiles"
+    if m <= _SOME:
+        return "joint_exp" if size < _S6 else "agg_tree"
+    if size < _S3:
+        return "histogram"
+    if m <= _MANY:
+        return "approx_quantiles" if size < _S6 else "agg_tree"
+    return "agg_tree"
+
+
+def choose_mechanism(m, *, n, epsilon, grid_size=None, granularity=None) -> str:
     """The mechanism ``"auto"`` runs for ``m`` quantiles of about ``n`` rows at ``epsilon``.
 
     Only public numbers go in (see the module notes for the rule and where it comes from).
 
+    Parameters
+    ----------
+    m : int
+        The number of quantiles, >= 1.
+    n : float
+        The row count the rule uses (public, hinted or released), >= 0.
+    epsilon : float
+        The budget left for the quantiles, finite and > 0.
+    grid_size : int, optional
+        ``G``, the number of points of the public grid between the bounds
+        (:func:`grid_points`); None when the bounds are not known yet.
+    granularity : float, optional
+        The declared step of that grid; None when no granularity was given. The typed rule
+        applies when both are given and ``grid_size <= TYPED_GRID_MAX``; otherwise the rule for
+        columns without a declared grid (the same as with no grid arguments).
+
     Raises
     ------
     ValueError
-        If ``m`` is not a positive integer, ``n`` is not a finite number >= 0, or ``epsilon`` is
-        not finite and > 0.
+        If ``m`` is not a positive integer, ``n`` is not a finite number >= 0, ``epsilon`` is
+        not finite and > 0, ``grid_size`` is not an integer >= 1 or ``granularity`` is not
+        finite and > 0.
     """
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
         raise ValueError(f"`m` must be an integer >= 1, got {m!r}")
     if not _is_real(n) or not math.isfinite(float(n)) or float(n) < 0:
         raise ValueError(f"`n` must be a finite number >= 0, got {n!r}")
     eps = check_epsilon(epsilon)
-    if m == 1:
-        return "ind_exp"
-    if float(n) * eps < TINY_SIZE:
-        return "histogram"
-    factor = (max(float(n), 1.0) * eps / _REF) ** _POWER
-    if m <= max(2.0, _M1 * factor):
-        return "joint_exp"
-    if m <= max(2.0, _M2 * factor):
-        return "approx_quantiles"
-    return "agg_tree"
+    integral = isinstance(grid_size, (int, np.integer)) and not isinstance(grid_size, bool)
+    if grid_size is not None and (not integral or grid_size < 1):
+        raise ValueError(f"`grid_size` must be an integer >= 1 or None, got {grid_size!r}")
+    if granularity is not None:
+        check_granularity(granularity)
+    size = float(n) * eps
+    if granularity is not None and grid_size is not None and grid_size <= TYPED_GRID_MAX:
+        return _typed(int(m), size)
+    return _continuous(int(m), size)
 
 
 def plan_auto(m: int, true_n: int, *, epsilon: float, neighboring, source, n_hint=None,
               count_share: float = DEFAULT_COUNT_SHARE, bounds_missing: bool = False,
-              bounds_share: float | None = None) -> tuple[str, float, float]:
+              bounds_share: float | None = None, grid_size: int | None = None,
+              granularity: float | None = None) -> tuple[str, float, float]:
     """The first step of :func:`auto`: draw the noisy count (if one is needed) and choose.
 
     Returns ``(name, rest, n_used)``: the mechanism to run, the epsilon left for it (and for the
@@ -105,7 +215,9 @@ def plan_auto(m: int, true_n: int, *, epsilon: float, neighboring, source, n_hin
     know the choice before they prepare the data (the Spark fold) use the two steps.
     Arguments are validated by the caller (``source`` a
     :class:`~dpq_spark.core.randomness.source.RandomSource`, ``neighboring`` a ``NeighboringRelation``,
-    ``true_n`` the exact count of rows).
+    ``true_n`` the exact count of rows). ``grid_size`` and ``granularity`` go to
+    :func:`choose_mechanism` as they are (public: from the bounds and the declared step; leave
+    them None when a bound is missing).
 
     Privacy
     -------
@@ -128,7 +240,9 @@ def plan_auto(m: int, true_n: int, *, epsilon: float, neighboring, source, n_hin
         quantile_eps = rest * (1.0 - share)
     else:
         quantile_eps = rest
-    return choose_mechanism(int(m), n=n_used, epsilon=quantile_eps), rest, n_used
+    name = choose_mechanism(int(m), n=n_used, epsilon=quantile_eps, grid_size=grid_size,
+                            granularity=granularity)
+    return name, rest, n_used
 
 
 def _check_share(value, name: str) -> float:
@@ -138,7 +252,8 @@ def _check_share(value, name: str) -> float:
 
 
 def auto(values, quantiles, *, epsilon, lower=None, upper=None, neighboring="add_remove", counts=None,
-         rng=None, n_hint=None, count_share=DEFAULT_COUNT_SHARE, bounds_share=None, **extra):
+         rng=None, n_hint=None, count_share=DEFAULT_COUNT_SHARE, bounds_share=None, granularity=None,
+         **extra):
     """Release quantiles with the mechanism the public rule picks (``mechanism="auto"``).
 
     Parameters
@@ -154,6 +269,13 @@ def auto(values, quantiles, *, epsilon, lower=None, upper=None, neighboring="add
     count_share : float, optional
         Under add/remove without ``n_hint``: the share of ``epsilon`` spent on a noisy count
         (discrete Laplace, sensitivity 1), default 0.05.
+    granularity : float, optional
+        The public step of the data's grid (1 for integers, 0.01 for two decimals), passed to
+        the chosen mechanism (releases are points of ``Grid(lower, upper, granularity)``). With
+        both bounds given, the rule also uses the number of grid points between them
+        (:func:`grid_points`): a grid of at most ``TYPED_GRID_MAX`` points gets the typed rule
+        (module notes). Without a bound the rule does not use it (the grid is not known before
+        the private bounds) and it goes to the bounds search and the mechanism only.
     **extra
         Passed to the chosen mechanism (e.g. ``branching`` for ``agg_tree``).
 
@@ -168,7 +290,8 @@ def auto(values, quantiles, *, epsilon, lower=None, upper=None, neighboring="add
     composition of at most three steps: the noisy count (``count_share * epsilon``, only under
     add/remove without ``n_hint``), the private bounds (only when a bound is missing) and the
     chosen mechanism with the rest. The choice itself is a function of public values (``m``,
-    ``epsilon``, the public/hinted/released ``n``), so it costs nothing more.
+    ``epsilon``, the public/hinted/released ``n``, the bounds and ``granularity``), so it costs
+    nothing more; it never reads the values.
     """
     eps = check_epsilon(epsilon)
     q = check_quantiles(quantiles)
@@ -177,6 +300,11 @@ def auto(values, quantiles, *, epsilon, lower=None, upper=None, neighboring="add
     bshare = DEFAULT_BOUNDS_SHARE if bounds_share is None else _check_share(bounds_share, "bounds_share")
     if n_hint is not None and (not _is_real(n_hint) or not math.isfinite(float(n_hint)) or float(n_hint) < 0):
         raise ValueError(f"`n_hint` must be a finite number >= 0, got {n_hint!r}")
+    missing = lower is None or upper is None
+    if granularity is not None:
+        granularity = check_granularity(granularity)
+        extra["granularity"] = granularity
+    grid_size = None if missing else grid_points(lower, upper, granularity)  # checks the bounds
     x = check_values(values)
     c = None if counts is None else check_counts(counts, x.size)
     source = resolve_rng(rng)
@@ -184,9 +312,8 @@ def auto(values, quantiles, *, epsilon, lower=None, upper=None, neighboring="add
     true_n = int(x.size if c is None else c.sum())
     name, rest, n_used = plan_auto(int(q.size), true_n, epsilon=eps, neighboring=relation,
                                    source=source, n_hint=n_hint, count_share=share,
-                                   bounds_missing=lower is None or upper is None,
-                                   bounds_share=bshare)
-    missing = lower is None or upper is None
+                                   bounds_missing=missing, bounds_share=bshare,
+                                   grid_size=grid_size, granularity=granularity)
     mechanism = with_private_bounds(get_base_mechanism(name))
     out = mechanism(x, q, epsilon=rest, lower=lower, upper=upper, neighboring=relation, counts=c,
                     rng=source, bounds_share=bshare, **extra)
