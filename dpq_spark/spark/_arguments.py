@@ -2,15 +2,20 @@
 
 Reading ``df.schema`` resolves the plan (an analysis request on Spark Connect) but runs no job.
 Messages name the argument and echo only public values (names, types, parameters).
+
+The release grid (:func:`release_grid`) is chosen here from the column's Spark type, the bounds
+and ``granularity``: public schema and arguments, never the values.
 """
 
 from __future__ import annotations
 
 import datetime
 import decimal
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
@@ -23,17 +28,23 @@ from dpq_spark.core._validation import (
     check_bounds,
     check_delta,
     check_epsilon,
+    check_granularity,
     check_positive_int,
     check_quantiles,
 )
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
+from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.spark._compat import arrow_type, is_collated, is_dataframe
 from dpq_spark.spark._mechanisms import get_mechanism
 from dpq_spark.spark._buckets import BUCKETS
 
-__all__ = ["QuantileRequest", "parse_request", "MAX_RESOLUTION"]
+__all__ = ["QuantileRequest", "parse_request", "MAX_RESOLUTION", "MAX_DECLARED_STEPS",
+           "schema_granularity", "release_grid"]
 
 MAX_RESOLUTION = 2**30
+#: A declared grid (``granularity``) may have at most this many steps between the bounds: the
+#: Spark path packs a grid index into 33 bits of a code (``_dataflow.CODE_SPAN``).
+MAX_DECLARED_STEPS = 2**32
 DEFAULT_RESOLUTION = 2**20
 _OUTPUT_COLUMNS = ("quantile", "value", "mechanism")
 LAYOUTS = ("long", "wide")
@@ -64,6 +75,9 @@ class QuantileRequest:
     seeded: bool
     bounds_share: float | None = None  # bounds-free path only; None: the core's default
     layout: str = "long"  # "long": a row per group and quantile; "wide": a row per group
+    # The declared grid step (release_grid): None is the default grid of 2**32 steps. With
+    # bounds, ``lower``/``upper`` above are then the grid's own bounds.
+    granularity: float | None = None
 
     @property
     def bounds_free(self) -> bool:
@@ -260,6 +274,49 @@ def _key_value(value, name: str, dtype):
                     f"{name!r}; pass a DataFrame of keys instead")
 
 
+def schema_granularity(dtype) -> Fraction | None:
+    """The grid step a column's Spark type declares, exactly: 1 for byte/short/int/long,
+    ``10**-s`` for ``decimal(p, s)``, None for float/double (no declared step)."""
+    if isinstance(dtype, T.IntegralType):
+        return Fraction(1)
+    if isinstance(dtype, T.DecimalType):
+        return Fraction(1, 10**dtype.scale) if dtype.scale >= 0 else Fraction(10**-dtype.scale)
+    return None
+
+
+def release_grid(dtype, lower, upper, granularity):
+    """The release grid: ``(lower, upper, granularity)``, from public schema and arguments only.
+
+    ``granularity`` given (already validated, a float): the grid ``lower + k granularity`` of
+    :class:`~dpq_spark.core.randomness.grid.Grid`, as the core builds it, with at most
+    ``MAX_DECLARED_STEPS`` steps (else a ValueError naming ``granularity``). Not given: the
+    column type's step ``g`` (:func:`schema_granularity`) on the multiples of ``g`` inside
+    ``[lower, upper]`` (the bounds moved inwards onto them, which clamps values of the type the
+    same way), when there are at least two such multiples and at most ``MAX_DECLARED_STEPS``
+    steps; otherwise, and for float/double columns, the default grid (``granularity`` None).
+    Without bounds only a given ``granularity`` is returned (with ``None`` bounds, which are
+    then released privately): the type's step is not used there, because private bounds may
+    span more than the 2**52 steps of it a grid can have."""
+    if granularity is not None:
+        if lower is None:
+            return None, None, granularity
+        steps = Grid(lower, upper, granularity).steps  # the core's rule (<= 2**52), named
+        if steps > MAX_DECLARED_STEPS:
+            raise ValueError(f"`granularity` must give at most 2**32 steps between `lower` and "
+                             f"`upper` on Spark, got {granularity!r} on [{lower!r}, {upper!r}]")
+        return lower, upper, granularity
+    step = schema_granularity(dtype)
+    if step is None:
+        return lower, upper, None
+    if lower is None:
+        return None, None, None
+    lo = math.ceil(Fraction(lower) / step) * step
+    hi = math.floor(Fraction(upper) / step) * step
+    if lo >= hi or (hi - lo) / step > MAX_DECLARED_STEPS:
+        return lower, upper, None
+    return float(lo), float(hi), float(step)
+
+
 def parse_request(
     df,
     column,
@@ -281,6 +338,7 @@ def parse_request(
     rng,
     bounds_share=None,
     layout="long",
+    granularity=None,
 ) -> QuantileRequest:
     """Validate the arguments of ``dp_quantiles``; see its docstring for the rules."""
     if not is_dataframe(df):
@@ -292,6 +350,8 @@ def parse_request(
             "`lower` and `upper` must both be given or both be None (None: bounds are released "
             f"privately), got lower={lower!r}, upper={upper!r}"
         )
+    if granularity is not None:
+        granularity = check_granularity(granularity)
     if lower is None:
         lo = hi = None
         if resolution is not None:
@@ -306,6 +366,8 @@ def parse_request(
             share = float(bounds_share)
     else:
         lo, hi = check_bounds(lower, upper)
+        if granularity is not None:
+            Grid(lo, hi, granularity)  # the core's rule: at most 2**52 steps (named)
         if bounds_share is not None:
             raise ValueError("`bounds_share` applies only without bounds (`lower` = `upper` = "
                              "None); with public bounds the whole epsilon goes to the quantiles")
@@ -331,6 +393,7 @@ def parse_request(
         raise TypeError(
             f"`column` {column!r} must be numeric, got {fields[column].dataType.simpleString()}"
         )
+    lo, hi, step = release_grid(fields[column].dataType, lo, hi, granularity)
     keys = _check_group_by(group_by, fields)
     key_list = check_groups(groups, keys, fields)
     if privacy_unit is not None:
@@ -385,4 +448,5 @@ def parse_request(
         seeded=rng is not None,
         bounds_share=share,
         layout=layout,
+        granularity=step,
     )

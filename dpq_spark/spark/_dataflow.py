@@ -125,18 +125,24 @@ def bound_contributions(rows: DataFrame, keys: tuple[str, ...], max_rows: int, m
     return rows.where(keep).withColumn(UNITS, first).drop(_RAND, _ROW_RANK, _GROUP_RANK)
 
 
-def grid_index_column(lower: float, upper: float):
-    """The value's index on the default grid of ``Grid(lower, upper)``, as a long.
+def grid_index_column(lower: float, upper: float, granularity: float | None = None):
+    """The value's index on the grid ``Grid(lower, upper, granularity)``, as a long.
 
     ``clip(floor((clamp(x) - lower) / g + 0.5), 0, N)`` with the grid's float64 step ``g`` and
-    ``N = 2**32``: the same correctly rounded float64 operations as
-    :meth:`dpq_spark.core.randomness.grid.Grid.snap`, so the index is the core's bit for bit. A per-record
-    map of public constants. Built-in functions only.
+    its ``N`` steps (``2**32`` for the default grid, ``granularity=None``; a declared grid has
+    at most ``2**32``, :func:`dpq_spark.spark._arguments.release_grid`): the same correctly
+    rounded float64 operations as :meth:`dpq_spark.core.randomness.grid.Grid.snap`, so the index
+    is the core's bit for bit. A per-record map of public constants. Built-in functions only.
     """
-    grid = Grid(lower, upper)
+    grid = _grid(lower, upper, granularity)
     clamped = F.least(F.greatest(F.col(VALUE), F.lit(float(lower))), F.lit(float(upper)))
     k = F.floor((clamped - F.lit(float(lower))) / F.lit(grid.granularity) + F.lit(0.5))
     return F.least(F.greatest(k, F.lit(0)), F.lit(grid.steps)).cast("long")
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(lower: float, upper: float, granularity: float | None) -> Grid:
+    return Grid(lower, upper, granularity)
 
 
 def bucket_column():
@@ -166,23 +172,24 @@ def bucket_column():
     return (F.lit(BUCKET_OFFSET).cast("long") + sign * mag).cast("long")
 
 
-def value_cell(lower, upper, resolution: int):
-    """The value's index: on the default grid of ``[lower, upper]``, or with ``lower = upper =
-    None`` a bucket of the public log-scale grid (``resolution`` is not used)."""
+def value_cell(lower, upper, resolution: int, granularity: float | None = None):
+    """The value's index: on the grid ``Grid(lower, upper, granularity)``, or with ``lower =
+    upper = None`` a bucket of the public log-scale grid (``resolution`` is not used)."""
     if lower is None:
         return bucket_column()
-    return grid_index_column(lower, upper)
+    return grid_index_column(lower, upper, granularity)
 
 
-def coarse_counts(rows: DataFrame, lower: float, upper: float, shift: int) -> DataFrame:
+def coarse_counts(rows: DataFrame, lower: float, upper: float, shift: int,
+                  granularity: float | None = None) -> DataFrame:
     """Global path, pass 1: rows per coarse cell ``k >> shift`` (``CELL``, at most ``2**(32 -
     shift) + 1`` rows), partial-aggregated before the shuffle."""
-    coarse = F.shiftright(grid_index_column(lower, upper), shift)
+    coarse = F.shiftright(grid_index_column(lower, upper, granularity), shift)
     return rows.groupBy(coarse.alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
 def fine_counts_in(rows: DataFrame, lower: float, upper: float, cells, shift: int, *,
-                   aggregate: bool = True) -> DataFrame:
+                   aggregate: bool = True, granularity: float | None = None) -> DataFrame:
     """Global path, pass 2: rows per grid index (``CELL``, ``COUNT``) of the rows whose coarse
     cell ``k >> shift`` is one of ``cells``; with ``aggregate=False`` the grid index of every
     such row (``CELL`` only: no shuffle, the caller counts).
@@ -190,7 +197,7 @@ def fine_counts_in(rows: DataFrame, lower: float, upper: float, cells, shift: in
     Up to ``ISIN_CELLS`` cells the filter is ``isin`` on the cell as an int (Spark turns a
     short int list into a switch, a longer one into a hash set: one lookup per row, no join);
     a longer list goes to a broadcast left-semi join."""
-    k = grid_index_column(lower, upper)
+    k = grid_index_column(lower, upper, granularity)
     coarse = F.shiftright(k, shift).cast("int")  # at most 2**(32 - shift) (shift >= 2)
     cells = np.asarray(cells, np.int64)
     if cells.size <= ISIN_CELLS:
@@ -207,23 +214,26 @@ def fine_counts_in(rows: DataFrame, lower: float, upper: float, cells, shift: in
     return selected.groupBy(CELL).agg(F.count(F.lit(1)).alias(COUNT))
 
 
-def cell_counts(rows: DataFrame, lower, upper, resolution: int) -> DataFrame:
+def cell_counts(rows: DataFrame, lower, upper, resolution: int,
+                granularity: float | None = None) -> DataFrame:
     """Rows per index (bounds-free global path: per bucket), partial-aggregated before the
     shuffle."""
-    return rows.groupBy(value_cell(lower, upper, resolution).alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
+    cell = value_cell(lower, upper, resolution, granularity)
+    return rows.groupBy(cell.alias(CELL)).agg(F.count(F.lit(1)).alias(COUNT))
 
 
 def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower, upper,
-                      resolution: int, extra: list) -> DataFrame:
+                      resolution: int, extra: list, granularity: float | None = None) -> DataFrame:
     """Grouped path with keys from the data: one row per kept data row with its key and index
     (grid index, or bucket without bounds), hash partitioned by key (one shuffle) so that every
     group is whole in one partition."""
-    cols = [F.col(k) for k in keys] + [value_cell(lower, upper, resolution).alias(CELL)] + extra
+    cell = value_cell(lower, upper, resolution, granularity)
+    cols = [F.col(k) for k in keys] + [cell.alias(CELL)] + extra
     return rows.select(*cols).repartition(*keys)
 
 
 def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
-                      lookup: tuple | None = None) -> DataFrame:
+                      lookup: tuple | None = None, granularity: float | None = None) -> DataFrame:
     """Grouped path with public keys: the kept rows' codes, packed and partitioned by group.
 
     Spark computes one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k the grid index; the
@@ -246,7 +256,7 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
     (:func:`~dpq_spark.spark._packing.pack_partition`); ``data_type`` is the key column's Spark
     type (given, not read from ``rows``, which on Connect would cost a round trip)."""
     span = CODE_SPAN if lower is not None else resolution
-    cell = value_cell(lower, upper, resolution)
+    cell = value_cell(lower, upper, resolution, granularity)
     if lookup is None:
         code = F.col(GID).cast("long") * F.lit(span).cast("long") + cell
         codes = rows.select(code.alias(CODE)).to(_CODE_SCHEMA)

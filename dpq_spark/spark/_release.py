@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from dpq_spark.core.errors import BoundsNotFoundError
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.quantiles.batch import BATCH_MECHANISMS, FlatGroups, release_many
 from dpq_spark.core.randomness.samplers import discrete_laplace
-from dpq_spark.core.quantiles.choose import plan_auto
+from dpq_spark.core.quantiles.choose import grid_points, plan_auto
 from dpq_spark.core.quantiles.coarse_bands import (
     BAND_LOG_TOL,
     COARSE_SHIFT,
@@ -31,7 +32,7 @@ from dpq_spark.core.quantiles.coarse_bands import (
     reachable,
     represent,
 )
-from dpq_spark.core.randomness.grid import Grid
+from dpq_spark.core.randomness.grid import Grid, jitter_indices
 from dpq_spark.core.quantiles.ind_exp import ind_exp_indices
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
 from dpq_spark.core.accounting.neighboring import (
@@ -52,6 +53,8 @@ __all__ = ["ReleaseParams", "release_group", "release_counts", "release_values",
 
 
 _UINT64 = 1 << 64
+#: ``mechanism`` of a bounds-free group whose private bounds were not found (values NaN).
+BOUNDS_NOT_FOUND = "bounds_not_found"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class ReleaseParams:
     bounds_share: float | None = None  # bounds-free path only
     fold_budget: int = FOLD_BUDGET  # distinct (group, grid index) pairs before a partition spills
     spill_shrink: float = SPILL_SHRINK  # ... if its coarse counts are at most this fraction
+    # The declared grid step (``Grid(lower, upper, granularity)``, ties jittered as in the
+    # core); None: the default grid. Without bounds, passed to the mechanism.
+    granularity: float | None = None
 
     @property
     def bounds_free(self) -> bool:
@@ -159,17 +165,22 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
     mechanism = get_mechanism(params.mechanism)
     # bounds-free: the registry entry buys private bounds first (bounds_share of epsilon)
     extra = {"bounds_share": params.bounds_share} if params.bounds_share is not None else {}
-    out = mechanism(
-        bucket_values(cells),
-        np.asarray(params.quantiles, dtype=np.float64),
-        epsilon=params.epsilon,
-        lower=params.lower,
-        upper=params.upper,
-        neighboring=params.neighboring,
-        counts=counts,
-        rng=rng,
-        **extra,
-    )
+    if params.granularity is not None:
+        extra["granularity"] = params.granularity
+    try:
+        out = mechanism(
+            bucket_values(cells),
+            np.asarray(params.quantiles, dtype=np.float64),
+            epsilon=params.epsilon,
+            lower=params.lower,
+            upper=params.upper,
+            neighboring=params.neighboring,
+            counts=counts,
+            rng=rng,
+            **extra,
+        )
+    except BoundsNotFoundError:  # too few rows for this group's bounds budget: a flagged row
+        return np.full(len(params.quantiles), np.nan), BOUNDS_NOT_FOUND
     name = getattr(out, "mechanism", None) or params.mechanism
     return np.asarray(out, dtype=np.float64), str(name)
 
@@ -179,12 +190,21 @@ _BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once
 
 
 def _grid(params: ReleaseParams) -> Grid:
-    return _grid_of(params.lower, params.upper)
+    return _grid_of(params.lower, params.upper, params.granularity)
 
 
 @functools.lru_cache(maxsize=8)
-def _grid_of(lower: float, upper: float) -> Grid:
-    return Grid(lower, upper)
+def _grid_of(lower: float, upper: float, granularity: float | None = None) -> Grid:
+    return Grid(lower, upper, granularity)
+
+
+def coarse_shift(params: ReleaseParams) -> int:
+    """The cells ``k >> shift`` the coarse-cell mechanisms see: ``COARSE_SHIFT`` on the default
+    grid; on a declared grid of N steps the shift that leaves at most 2**20 cells (0, the grid
+    itself, up to N = 2**20 - 1). Public: a function of the grid."""
+    if params.granularity is None:
+        return COARSE_SHIFT
+    return max(0, _grid(params).steps.bit_length() - 20)
 
 
 def _start_group(n: int, units, key_hash, params: ReleaseParams):
@@ -201,8 +221,10 @@ def _start_group(n: int, units, key_hash, params: ReleaseParams):
             return None
     if params.mechanism != "auto":
         return source, params.mechanism, params.epsilon
+    grid_size = None if params.bounds_free else grid_points(params.lower, params.upper, params.granularity)
     name, rest, _ = plan_auto(len(params.quantiles), n, epsilon=params.epsilon,
-                              neighboring=params.neighboring, source=source)
+                              neighboring=params.neighboring, source=source, grid_size=grid_size,
+                              granularity=params.granularity)
     return source, name, rest
 
 
@@ -217,8 +239,14 @@ def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.nda
     indices."""
     grid = _grid(params)
     run = joint_exp_indices if name == "joint_exp" else ind_exp_indices
-    out = run(k, counts, grid.size, np.asarray(params.quantiles, dtype=np.float64),
-              epsilon=epsilon, neighboring=params.neighboring, rng=source)
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    if grid.jitter > 1:  # a declared grid: the core's per-row jitter of ties, same draws
+        f = jitter_indices(k, counts, grid.jitter, grid, source)
+        out = run(f, None, grid.fine_size, q, epsilon=epsilon, neighboring=params.neighboring,
+                  rng=source)
+        return grid.release(out)
+    out = run(k, counts, grid.size, q, epsilon=epsilon, neighboring=params.neighboring,
+              rng=source)
     return grid.value(out)
 
 
@@ -238,6 +266,10 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
     q = np.asarray(params.quantiles, dtype=np.float64)
     relation = NeighboringRelation.parse(params.neighboring)
     steps = _grid(params).steps
+    if _grid(params).jitter > 1:
+        # A declared grid: the mechanism runs on jittered fine indices, one per row, so pruning
+        # saves no memory; every cell is kept and the release is the core's on the grid data.
+        return np.ones(len(cells), dtype=bool)
     if name == "joint_exp":
         return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
                          steps, log_tol, shift, fine)
@@ -248,25 +280,28 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
     return keep
 
 
-def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
-    """A mechanism other than JointExp on coarse cells, each row at its cell's fixed
-    representative grid point (a per-record map of public constants)."""
+def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams,
+                shift: int = COARSE_SHIFT) -> np.ndarray:
+    """A mechanism other than JointExp on coarse cells ``k >> shift``, each row at its cell's
+    fixed representative grid point (a per-record map of public constants); on a declared grid
+    the mechanism gets its ``granularity`` (:func:`coarse_shift`: shift 0 is the grid itself)."""
     grid = _grid(params)
+    extra = {} if params.granularity is None else {"granularity": params.granularity}
     if name == params.mechanism:
         mechanism = get_mechanism(name)
     else:  # picked by auto: the pure mechanism, bounds given
         from dpq_spark.core.quantiles.mechanisms import get_base_mechanism
 
         mechanism = get_base_mechanism(name)
-    out = mechanism(grid.value(coarse_midpoints(cells, grid.steps)),
+    out = mechanism(grid.value(coarse_midpoints(cells, grid.steps, shift)),
                     np.asarray(params.quantiles, dtype=np.float64), epsilon=epsilon,
                     lower=params.lower, upper=params.upper, neighboring=params.neighboring,
-                    counts=counts, rng=source)
+                    counts=counts, rng=source, **extra)
     return np.asarray(out, dtype=np.float64)
 
 
-def _to_coarse(k, counts):
-    return reduce_sorted(coarse_of(k), np.asarray(counts, dtype=np.int64))
+def _to_coarse(k, counts, shift: int = COARSE_SHIFT):
+    return reduce_sorted(coarse_of(k, shift), np.asarray(counts, dtype=np.int64))
 
 
 def release_fine(k, counts, units, key_hash, params: ReleaseParams):
@@ -280,7 +315,8 @@ def release_fine(k, counts, units, key_hash, params: ReleaseParams):
     source, name, eps = started
     if name in FINE_MECHANISMS:
         return _run_fine(name, k, counts, source, eps, params), name
-    return _run_coarse(name, *_to_coarse(k, counts), source, eps, params), name
+    shift = coarse_shift(params)
+    return _run_coarse(name, *_to_coarse(k, counts, shift), source, eps, params, shift), name
 
 
 def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
@@ -309,9 +345,10 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
         if started is None:
             continue
         source, name, eps = started
-        if name not in FINE_MECHANISMS:
+        if name not in FINE_MECHANISMS and params.granularity is None:
             out.append((gid, _run_coarse(name, cells, ccounts, source, eps, params), name))
             continue
+        # (on a declared grid every mechanism gets the group's grid data: band_keep keeps all)
         keep = band_keep(name, cells, ccounts, eps, params)
         pending.append((gid, cells, ccounts, keep, source, eps, name))
         wanted.append((gid << Fold._COARSE_SHIFT) + cells[keep])
@@ -322,7 +359,12 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
         for gid, cells, ccounts, keep, source, eps, name in pending:
             a, b = np.searchsorted(fgid, [gid, gid + 1])
             k, w = represent(codes[a:b] - (gid << Fold.SHIFT), fine[a:b], cells, ccounts, keep)
-            if name == "joint_exp" and params.base_seed is None:
+            if name not in FINE_MECHANISMS:  # a declared grid (above)
+                shift = coarse_shift(params)
+                values = _run_coarse(name, *_to_coarse(k, w, shift), source, eps, params, shift)
+                out.append((gid, values, name))
+                continue
+            if name == "joint_exp" and params.base_seed is None and params.granularity is None:
                 together.setdefault(eps, []).append((gid, k, w))
                 continue
             out.append((gid, _run_fine(name, k, w, source, eps, params), name))
@@ -350,7 +392,7 @@ def _batchable(params: ReleaseParams) -> bool:
     public parameters only (production randomness, no partition selection, a mechanism it
     covers, bounds given)."""
     return (params.base_seed is None and params.threshold is None and not params.bounds_free
-            and params.mechanism in BATCH_MECHANISMS)
+            and params.mechanism in BATCH_MECHANISMS and params.granularity is None)
 
 
 def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):

@@ -17,7 +17,6 @@ from pyspark.sql import types as T
 
 from dpq_spark.core.quantiles.coarse_bands import (
     BAND_LOG_TOL,
-    COARSE_SHIFT,
     represent,
     settle,
     spread_evenly,
@@ -97,6 +96,7 @@ def dp_quantiles(
     bounds_share: float | None = None,
     rng: np.random.Generator | None = None,
     layout: str = "long",
+    granularity: float | None = None,
 ) -> DataFrame:
     """Release differentially private quantiles of ``column``, globally or per group.
 
@@ -112,7 +112,7 @@ def dp_quantiles(
     column : str
         A numeric column. Rows where it is null or NaN are dropped; values outside
         ``[lower, upper]`` are clamped to the nearer bound (without bounds, to the private
-        bounds of the group).
+        bounds of the group). Its Spark type sets the release grid (``granularity``).
     quantiles : sequence of float
         Strictly increasing, each in (0, 1). Chosen without looking at the data.
     epsilon : float
@@ -152,8 +152,24 @@ def dp_quantiles(
         With ``group_by`` and no ``groups``: select keys from the data by DP partition selection,
         making the release ``(epsilon, delta)``-DP.
     resolution : int, optional
-        Validated (at most 2**30; only with bounds) but no longer used: with bounds the values
-        go to the core's 2**32-step grid (see Notes). Kept so existing calls keep working.
+        Validated (at most 2**30; only with bounds) but not used: the grid is set by the column
+        type and ``granularity`` (see Notes). Kept so existing calls keep working.
+    granularity : float, optional
+        The step of the public grid the data are snapped to and the values released on,
+        finite and > 0; it overrides the column type's. Left out, the column's Spark type
+        declares it: 1 for byte/short/int/long, ``10**-s`` for ``decimal(p, s)``, none for
+        float/double (the default grid of 2**32 steps of ``[lower, upper]``). With bounds, a
+        given ``granularity`` makes the grid ``lower + k granularity`` (the core's
+        :class:`~dpq_spark.core.randomness.grid.Grid`) and must give at most 2**32 steps; the
+        type's step instead uses its multiples inside ``[lower, upper]`` (the bounds moved
+        inwards onto them), and falls back to the default grid when there are fewer than two
+        or more than 2**32 steps of them. A declared grid releases a quantile inside a block
+        of tied values as the tied value (ties are jittered inside their grid cell, as
+        ``joint_exp(..., granularity=...)`` does). Without bounds the type's step is not used
+        (private bounds may span more steps of it than a grid can have); a given
+        ``granularity`` goes to each group's private-bounds search and mechanism, and a group
+        whose private bounds span more than 2**52 of its steps fails. Date and timestamp
+        columns are not numeric and are refused (cast them to a number first).
     mechanism : str, default "auto"
         ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
         row count: public under swap, else a noisy count with 5% of the group's epsilon;
@@ -178,7 +194,9 @@ def dp_quantiles(
     Returns
     -------
     pyspark.sql.DataFrame
-        ``layout="long"``: the ``group_by`` columns, ``quantile`` (double), ``value`` (double)
+        ``layout="long"``: the ``group_by`` columns, ``quantile`` (double), ``value`` (double:
+        a point of the release grid; with bounds, a whole number for an integral column on its
+        integers' grid, and ``lower + k 10**-s`` in float64 for a ``decimal(p, s)`` one)
         and ``mechanism`` (string: the mechanism that ran for the group, e.g. what ``"auto"``
         picked): one row per group and quantile, sorted by group then quantile as
         ``orderBy(asc_nulls_first(key)..., "quantile")`` would (null key first, NaN after every
@@ -200,10 +218,22 @@ def dp_quantiles(
 
     Notes
     -----
+    The grid. It is chosen before any job from the column's Spark type, the bounds and
+    ``granularity`` (see that parameter), never from the values. On the default grid
+    ``Grid(lower, upper)`` (2**32 steps) the data path below runs as described. On a declared
+    grid ``Grid(lower, upper, g)`` (at most 2**32 steps) every mechanism gets each group's exact
+    grid indices: JointExp and IndExp on the jittered fine grid exactly as the core's
+    ``joint_exp``/``ind_exp`` with ``granularity=g``, ApproxQuantiles with ``granularity=g``,
+    AggTree and the histogram rounded to the grid; no band pruning and no coarse cells (but
+    on grids of more than 2**20 steps, where the other mechanisms see cells of ``2**s`` grid
+    points, ``s`` the least that leaves at most 2**20 cells). The jitter holds one fine index
+    per row, so a group's release then costs memory and time in its rows (about 8 bytes and
+    0.35 µs per row in the Python worker, or on the driver ungrouped), and groups are released
+    one at a time rather than batched; cast the column to double to keep the default grid.
+
     Data path (see ``docs/spark.md``): Spark casts the column to double, drops null/NaN, clamps
-    it to ``[lower, upper]`` and maps each value to its index ``k`` on the core's default grid
-    ``Grid(lower, upper)`` (2**32 steps; the same float64 operations as ``Grid.snap``, built-in
-    functions only). Grouped, rows are hash partitioned by key (one shuffle, no sort); with
+    it to ``[lower, upper]`` and maps each value to its index ``k`` on the grid (the same
+    float64 operations as ``Grid.snap``, built-in functions only). Grouped, rows are hash partitioned by key (one shuffle, no sort); with
     public keys Spark packs the key's index and ``k`` into one int64 and ``mapInArrow`` streams
     the codes, with partition selection ``mapInArrow`` streams the key columns (as Arrow arrays,
     never pandas) and ``k``. Python folds each partition into counts per distinct (group, k), so
@@ -241,8 +271,12 @@ def dp_quantiles(
 
     Privacy
     -------
-    Assumes ``quantiles``, ``lower``, ``upper``, ``groups`` and all other parameters are chosen
-    without looking at the data. Below, "the group's mechanism at epsilon_g" is itself
+    Assumes ``quantiles``, ``lower``, ``upper``, ``groups``, ``granularity`` and all other
+    parameters are chosen without looking at the data. The grid is a function of the column's
+    Spark type (public schema), the bounds and ``granularity`` alone, and the map of a value
+    to its grid index reads that value and public constants only (a per-record map); the
+    jitter of a declared grid is an independent per-record random map, which keeps each
+    mechanism's guarantee (:mod:`dpq_spark.core.randomness.grid`). Below, "the group's mechanism at epsilon_g" is itself
     ``epsilon_g``-DP for one row by basic composition of at most three steps, all inside the
     group's release: with ``"auto"`` under add/remove, a noisy row count (discrete Laplace,
     5% of ``epsilon_g``; under swap ``n`` is public and nothing is spent); without bounds, the
@@ -292,7 +326,7 @@ def dp_quantiles(
         max_rows_per_unit=max_rows_per_unit, max_groups_per_unit=max_groups_per_unit,
         delta=delta, resolution=resolution, mechanism=mechanism,
         selection_fraction=selection_fraction, rng=rng, bounds_share=bounds_share,
-        layout=layout,
+        layout=layout, granularity=granularity,
     )
     return release_request(req)
 
@@ -370,6 +404,7 @@ def _plan(req: QuantileRequest, key_table):
         neighboring=req.neighboring.value,
         mechanism=req.mechanism,
         bounds_share=req.bounds_share,
+        granularity=req.granularity,
         fold_budget=_fold.FOLD_BUDGET,  # read here, on the driver (tests lower it)
         spill_shrink=_fold.SPILL_SHRINK,
         base_seed=base_seed,
@@ -443,7 +478,7 @@ def _output_schema(req: QuantileRequest) -> T.StructType:
     """The long layout's schema (what every release path builds)."""
     fields = _key_fields(req)
     fields += [T.StructField("quantile", T.DoubleType(), False),
-               T.StructField("value", T.DoubleType(), False),
+               T.StructField("value", T.DoubleType(), True),  # null: bounds_not_found
                T.StructField(MECHANISM, T.StringType(), False)]
     return T.StructType(fields)
 
@@ -491,7 +526,8 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     hashes = key_table.column(KEY_HASH).to_pylist()
     params = dataclasses.replace(params, extra_columns=(CODE,),
                                  key_hashes=tuple(hashes) if params.base_seed is not None else None)
-    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution, lookup)
+    declared = {} if req.granularity is None else {"granularity": req.granularity}
+    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution, lookup, **declared)
     schema = T.StructType([T.StructField(GID, T.LongType(), False),
                            T.StructField("value", T.ArrayType(T.DoubleType()), False),
                            T.StructField(MECHANISM, T.StringType(), False)])
@@ -558,7 +594,7 @@ def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: Da
     extra = {UNITS: F.col(UNITS)} if req.privacy_unit is not None else {}
     params = dataclasses.replace(params, extra_columns=tuple(extra))
     cells = flow.partitioned_cells(rows, req.keys, req.lower, req.upper, req.resolution,
-                                   list(extra.values()))
+                                   list(extra.values()), granularity=req.granularity)
     schema = _output_schema(req)
     arrow_schema = _compat.arrow_schema(schema)
 
@@ -586,12 +622,14 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
             pdf = pd.DataFrame({CELL: np.empty(0, np.int64), COUNT: np.empty(0, np.int64)})
         out = release_group(pdf, params)
         return pa.Table.from_pandas(out, preserve_index=False)
-    cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, GLOBAL_SHIFT))
+    g = req.granularity
+    cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, GLOBAL_SHIFT, g))
     source, name, eps = _release._start_group(int(counts.sum()), None, 0, params)
     if name not in _release.FINE_MECHANISMS:
         # The choice was made from the noisy count: which pass 2 runs depends on it alone.
-        cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, COARSE_SHIFT))
-        values = _release._run_coarse(name, cells, counts, source, eps, params)
+        shift = _release.coarse_shift(params)  # COARSE_SHIFT; on a declared grid, <= 2**20 cells
+        cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, shift, g))
+        values = _release._run_coarse(name, cells, counts, source, eps, params, shift)
     else:
         def band(fine):
             return _release.band_keep(name, cells, counts, eps, params, GLOBAL_SHIFT, fine)
@@ -601,7 +639,7 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
             # in Spark. Both give the same counts, so the release does not depend on the branch.
             raw = int(counts[mask].sum()) <= _RAW_PASS2_ROWS
             fine = to_arrow(flow.fine_counts_in(rows, req.lower, req.upper, cells[mask],
-                                                GLOBAL_SHIFT, aggregate=not raw))
+                                                GLOBAL_SHIFT, aggregate=not raw, granularity=g))
             k = fine.column(CELL).to_numpy().astype(np.int64)
             if raw:
                 k, w = np.unique(k, return_counts=True)
@@ -661,8 +699,10 @@ def _long_from_wide(req: QuantileRequest, ordered) -> DataFrame:
         quantile = F.when(at == j, F.lit(float(req.quantiles[j]))).otherwise(quantile)
     exploded = wide.select(*[F.col(k) for k in req.keys],
                            F.posexplode("value").alias(_POSITION, "value"), F.col(MECHANISM))
+    # a group flagged bounds_not_found holds NaN in the wide arrays and null in the long rows
+    value = F.when(F.isnan("value"), F.lit(None).cast("double")).otherwise(F.col("value"))
     return exploded.select(*[F.col(k) for k in req.keys], quantile.alias("quantile"),
-                           F.col("value"), F.col(MECHANISM)).to(_output_schema(req))
+                           value.alias("value"), F.col(MECHANISM)).to(_output_schema(req))
 
 
 def _materialise(req: QuantileRequest, table) -> DataFrame:

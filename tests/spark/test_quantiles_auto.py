@@ -86,9 +86,9 @@ def test_explicit_mechanism_is_recorded(normal):
 
 def test_auto_under_swap_uses_the_public_n(normal):
     """Ungrouped swap: n is public, nothing is spent on a count, so the choice is exact."""
-    q = np.linspace(0.0, 1.0, 62)[1:-1]  # m = 60: JointExp at n = 4000, not at half of it
-    assert choose_mechanism(60, n=2 * N, epsilon=1.0) == "joint_exp"
-    assert choose_mechanism(60, n=N, epsilon=1.0) != "joint_exp"
+    q = np.linspace(0.0, 1.0, 31)[1:-1]  # m = 29: ApproxQuantiles at n = 4000, not at half of it
+    assert choose_mechanism(29, n=2 * N, epsilon=1.0) == "approx_quantiles"
+    assert choose_mechanism(29, n=N, epsilon=1.0) != "approx_quantiles"
     out = dp_quantiles(normal, "x", quantiles=q, epsilon=1.0, lower=-50, upper=50,
                        neighboring="swap", rng=np.random.default_rng(4))
-    assert {r["mechanism"] for r in out.collect()} == {"joint_exp"}
+    assert {r["mechanism"] for r in out.collect()} == {"approx_quantiles"}
