@@ -7,6 +7,8 @@ Run standalone; it starts its own local session with default memory settings (or
     .venv/bin/python benchmarks/bench_spark.py --quick         # small sizes (a smoke run)
     .venv/bin/python benchmarks/bench_spark.py --only small,keys --connect   # on Spark Connect
     .venv/bin/python benchmarks/bench_spark.py --only global --driver-memory 4g  # bigger local driver
+    .venv/bin/python benchmarks/bench_spark.py --only many --many-groups 1000,10000,100000
+    .venv/bin/python benchmarks/bench_spark.py --profile-worker 20000:100   # no Spark: cProfile
 
 Cases (issue 11 targets in brackets):
 
@@ -30,6 +32,14 @@ keys       1e5 public keys, 2 rows each, deciles [<= 3x percentile_approx]; time
 timestamps 1,000 timestamps in one 1,907 s cell of bounds [0, 2e9], and 600 in one cell + 400
            over +-1 day: error of dp_quantiles and of core ``joint_exp`` on the raw values
            [within 2x]
+many       1e7 rows of N(0, 5) in G equal groups (``--many-groups``, default 1e3, 1e4, 1e5 and
+           1e6; ``--many-rows 1e8`` for the larger table), written to Parquet once per G and read
+           back (not cached), deciles, eps = 1, bounds +-100, public keys, ``layout="wide"``,
+           ``toPandas()``: after one warm-up call of each, the best of two alternating calls
+           of each side (``--repeat`` changes two), and the peak resident memory of the Python
+           workers during the timed dp_quantiles calls (VmHWM reset through
+           ``/proc/PID/clear_refs`` before them; Linux, classic sessions) [<= 1.0x
+           percentile_approx, worker peak < 512 MiB]
 
 The accuracy cases print percentile_approx's error on the same data too (not private; for
 scale). ``--quick`` divides the sizes by 100 (at least 1,000 rows).
@@ -190,6 +200,7 @@ class _WorkerPeak:
     def __init__(self, every: float = 0.5):
         self.peak_kib = 0
         self.seen = 0
+        self._workers: set = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
 
@@ -220,8 +231,19 @@ class _WorkerPeak:
             ppid = parents.get(ppid, 0)
         return False
 
+    def reset(self):
+        """Forget the peaks so far: reset every known worker's VmHWM to its current RSS
+        (``/proc/PID/clear_refs``, Linux 4.0+) and start the maximum again."""
+        for pid in list(self._workers):
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w") as fh:
+                    fh.write("5")
+            except OSError:
+                self._workers.discard(pid)
+        self.peak_kib = 0
+
     def _run(self, every):
-        workers = set()
+        workers = self._workers
         while not self._stop.is_set():
             parents, statuses = {}, {}
             for entry in os.listdir("/proc"):
@@ -317,29 +339,137 @@ def case_timestamps(spark, F, dp_quantiles, joint_exp, size, repeats=20):
         df.unpersist()
 
 
-CASES = ("accuracy", "small", "groups", "global", "skew", "keys", "timestamps")
+MANY_GROUPS = (1_000, 10_000, 100_000, 1_000_000)
+MANY_REPEATS = 2  # many: timed calls of each side (the best is kept); --repeat sets it
+
+
+def case_many(spark, F, dp_quantiles, size, groups_list=MANY_GROUPS, rows=10_000_000):
+    """The many-groups table: ``rows`` rows of N(0, 5) in G equal groups, from Parquet."""
+    import shutil
+    import tempfile
+
+    rows = size(rows)
+    where = tempfile.mkdtemp(prefix="dpq_bench_many_")
+    try:
+        for groups in groups_list:
+            path = os.path.join(where, f"g{groups}")
+            (spark.range(rows).select((F.col("id") % groups).alias("g"),
+                                      (F.randn(11) * 5).alias("x"))
+             .write.mode("overwrite").parquet(path))
+            df = spark.read.parquet(path)
+            keys = list(range(groups))
+
+            def dp_call(d):
+                return dp_quantiles(d, "x", quantiles=DECILES, epsilon=1.0, lower=-100,
+                                    upper=100, group_by="g", groups=keys,
+                                    layout="wide").toPandas()
+
+            approx_call = _approx(F, DECILES, ["g"], fetch="toPandas")
+            with _WorkerPeak(every=0.2) as peak:
+                dp_call(df)
+                approx_call(df)
+                peak.reset()
+                dps, aps = [], []
+                for _ in range(MANY_REPEATS):
+                    dps.append(_timed(lambda: dp_call(df))[0])
+                    aps.append(_timed(lambda: approx_call(df))[0])
+            worker = (f"{peak.peak_kib / 1024:.0f} MiB" if peak.seen else
+                      "not measured (Connect or not Linux)")
+            t_dp, t_ap = min(dps), min(aps)
+            print(f"many        {rows:.0e} rows, {groups:>9,} groups of {rows // groups:>6,}: "
+                  f"dp_quantiles {t_dp:8.2f} s   percentile_approx {t_ap:8.2f} s   ratio "
+                  f"{t_dp / t_ap:5.2f}   (best of {len(dps)}; all {', '.join(f'{t:.1f}' for t in dps)}"
+                  f" / {', '.join(f'{t:.1f}' for t in aps)} s); peak Python worker RSS "
+                  f"{worker}; load average {os.getloadavg()[0]:.1f}", flush=True)
+            shutil.rmtree(path, ignore_errors=True)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+CASES = ("accuracy", "small", "groups", "global", "skew", "keys", "timestamps", "many")
+
+
+def profile_worker(groups: int, rows: int, top: int = 14) -> None:
+    """Profile the Python workers' part of a public-key release outside Spark: ``groups``
+    groups of ``rows`` N(0, 5) rows (bounds +-100, deciles, eps = 1, auto), packed as the map
+    side packs them (``_packing.pack_partition``) and released by the reduce side's body
+    (``_release.release_partition``) under cProfile, in one process (one partition holding
+    every group). Prints the CPU time per group and the functions with the most cumulative
+    time."""
+    import cProfile
+    import pstats
+
+    import pyarrow as pa
+
+    from dpq_spark.core.randomness.grid import Grid
+    from dpq_spark.spark._packing import pack_partition
+    from dpq_spark.spark._release import ReleaseParams, release_partition
+
+    gen = np.random.default_rng(1)
+    codes = (np.repeat(np.arange(groups, dtype=np.int64), rows) * (1 << 33)
+             + Grid(-100.0, 100.0).snap(gen.normal(0.0, 5.0, groups * rows)))
+    gen.shuffle(codes)
+    batches = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 10_000])], names=["code"])
+               for i in range(0, codes.size, 10_000)]
+    packed = list(pack_partition(iter(batches), span=1 << 33))
+    params = ReleaseParams(keys=("g",), quantiles=tuple(DECILES), epsilon=1.0, lower=-100.0,
+                           upper=100.0, resolution=1 << 20, neighboring="add_remove",
+                           mechanism="auto")
+    profile = cProfile.Profile()
+    cpu = time.process_time()
+    profile.enable()
+    for _ in release_partition(iter(packed), params):
+        pass
+    profile.disable()
+    cpu = time.process_time() - cpu
+    print(f"profile     {groups:,} groups of {rows:,} rows in one partition: {cpu:.2f} s of CPU "
+          f"under cProfile, {cpu / groups * 1e6:.0f} us a group", flush=True)
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(top)
 
 
 def main(argv=None) -> None:
-    global REPEATS
+    global REPEATS, MANY_REPEATS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument("--quick", action="store_true", help="sizes / 100 (a smoke run)")
-    parser.add_argument("--repeat", type=int, default=REPEATS,
+    parser.add_argument("--repeat", type=int, default=None,
                         help="timed calls of each side, alternating (medians compared; "
                              f"default {REPEATS})")
     parser.add_argument("--connect", action="store_true", help="Spark Connect (local server)")
     parser.add_argument("--driver-memory", default=None,
                         help="spark.driver.memory of the local session, e.g. 4g (default: "
                              "Spark's, 1g)")
+    parser.add_argument("--many-groups", default=",".join(str(g) for g in MANY_GROUPS),
+                        help="many: comma-separated group counts (default "
+                             f"{','.join(str(g) for g in MANY_GROUPS)})")
+    parser.add_argument("--many-rows", type=float, default=1e7,
+                        help="many: rows in all (default 1e7; 1e8 for the larger table)")
+    parser.add_argument("--profile-worker", default=None, metavar="GROUPS:ROWS",
+                        help="no Spark: profile the Python workers' release of GROUPS groups of "
+                             "ROWS rows in one process (e.g. 20000:100) and exit")
     args = parser.parse_args(argv)
-    if args.repeat < 1:
+    if args.profile_worker is not None:
+        try:
+            groups, rows = (int(float(v)) for v in args.profile_worker.split(":"))
+        except ValueError:
+            parser.error(f"--profile-worker must be GROUPS:ROWS, got {args.profile_worker!r}")
+        profile_worker(groups, rows)
+        return
+    if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    REPEATS = args.repeat
+    if args.repeat is not None:
+        REPEATS = MANY_REPEATS = args.repeat
     chosen = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = set(chosen) - set(CASES)
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
+
+    try:
+        many_groups = tuple(int(float(g)) for g in args.many_groups.split(",") if g.strip())
+    except ValueError:
+        parser.error(f"--many-groups must be comma-separated integers, got {args.many_groups!r}")
+    if not many_groups or min(many_groups) < 1:
+        parser.error("--many-groups must list at least one group count >= 1")
 
     def size(n: int) -> int:
         return max(n // 100, 1000) if args.quick else n
@@ -358,6 +488,8 @@ def main(argv=None) -> None:
         fn = globals()[f"case_{case}"]
         if case in ("accuracy", "timestamps"):
             fn(spark, F, dp_quantiles, joint_exp, size)
+        elif case == "many":
+            fn(spark, F, dp_quantiles, size, groups_list=many_groups, rows=int(args.many_rows))
         else:
             fn(spark, F, dp_quantiles, size)
     spark.stop()

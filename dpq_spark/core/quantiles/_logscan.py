@@ -31,8 +31,9 @@ __all__ = ["lgamma", "logaddexp", "segmented_logcumsumexp", "segmented_logcumsum
 _TINY = 1e-280
 # Below this many elements (and few segments) a plain per-segment accumulate is faster.
 _SMALL = 8192
-# segmented_scans: segments of at most this many elements get rows this wide (not `width`)
-_SHORT = 32
+# segmented_scans: the narrowest row (a segment of at most `width` elements is one row of the
+# smallest power of two, at least this, that holds it)
+_NARROW = 8
 
 
 def logaddexp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -167,8 +168,10 @@ def segmented_scans(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
     log-cumsum-exp of ``z_plus``, and the inclusive prefix and suffix ones of ``z_minus``,
     restarted at every index in ``starts`` (sorted, ``starts[0] == 0``).
 
-    Each segment is cut into rows of ``width`` elements, or of 32 if it has at most 32 (so short
-    segments are not padded to ``width``); the three scans share that layout and one ``exp`` serves both scans of ``z_minus``. Rows are
+    Each segment is cut into rows of ``width`` elements, or, if it has at most ``width``, is one
+    row as wide as the smallest power of two (at least 8) that holds it (so short segments are
+    not padded to ``width``: a row's padding is ``-inf``, whose ``exp`` adds exact zeros, so a
+    one-row segment gets the same bits in any row at least its length); the three scans share that layout and one ``exp`` serves both scans of ``z_minus``. Rows are
     scanned in linear space after subtracting the row maximum (rows whose partial sums would
     underflow are redone exactly with :func:`numpy.logaddexp.accumulate`), and row totals are
     carried across the rows of a segment by :func:`segmented_logcumsumexp` with
@@ -179,7 +182,8 @@ def segmented_scans(z_plus: np.ndarray, z_minus: np.ndarray, starts: np.ndarray,
     if size == 0:
         return z_plus.copy(), z_minus.copy(), z_minus.copy()
     lengths = np.diff(np.append(starts, size))
-    row_width = np.where(lengths <= _SHORT, _SHORT, int(width))
+    fit = np.left_shift(1, np.ceil(np.log2(np.maximum(lengths, _NARROW))).astype(np.int64))
+    row_width = np.where(lengths <= int(width), np.minimum(fit, int(width)), int(width))
     kinds = np.unique(row_width)
     if kinds.size == 1:
         return _scans_of_width(z_plus, z_minus, starts, int(kinds[0]))

@@ -39,8 +39,10 @@ independent. What it saves is work that does not change a distribution:
   enumerated together (padded cells; every sequence's log-weight for all groups with the same
   number of cells at once; one exact draw per group with
   :func:`~dpq_spark.core.randomness.grid.draw_index_rows`; the runs' multisets with
-  :func:`~dpq_spark.core.randomness.grid.uniform_multisets`). Larger groups get their cells one group at a
-  time; those with few cells are enumerated one at a time (:func:`_enumerate_one`), the others
+  :func:`~dpq_spark.core.randomness.grid.uniform_multisets`). Larger groups get their cells and
+  bands for up to ``_CELL_GROUPS`` groups at once (:func:`_flat_cells`, :func:`_flat_bands`: the
+  numbers of the per-group ``_grid_cells`` and ``_bands``, bit for bit); those with few cells
+  are enumerated one at a time (:func:`_enumerate_one`), the others
   all go through the core's batched sampler together
   (:func:`~dpq_spark.core.quantiles.joint_exp_many._sample_many`: each group with exactly the distribution the
   core's :func:`~dpq_spark.core.joint_exp_indices` gives it alone).
@@ -96,7 +98,8 @@ from dpq_spark.core.quantiles.approx_quantiles import recursion_depth
 from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.randomness.grid import Grid, draw_index, draw_index_rows, uniform_multiset, uniform_multisets
-from dpq_spark.core.quantiles.joint_exp import _grid_cells
+from dpq_spark.core.quantiles._logscan import lgamma
+from dpq_spark.core.quantiles.joint_exp import _LOG_BAND_TOL, _bands, _grid_cells, _tie_rank
 from dpq_spark.core.quantiles.joint_exp_many import CELLS_HELD
 from dpq_spark.core.quantiles.joint_exp_many import _sample_many as _joint_many
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
@@ -227,11 +230,15 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         raise TypeError(f"`coarse_cells` must be True or False, got {coarse_cells!r}")
     if coarse_cells and not grid_indices:
         raise DPQValueError("`coarse_cells` needs grid_indices=True")
-    x, counts, bounds = _check_groups(groups)
+    x, counts, bounds = _check_groups(groups, keep_integers=grid_indices)
     if grid_indices:
-        if np.any(x != np.floor(x)) or np.any(x < 0) or np.any(x > grid.steps):
+        if x.dtype.kind in "iu":  # integer indices (a fold's): no float copy of them
+            bad = x.size > 0 and (int(x.min()) < 0 or int(x.max()) > grid.steps)
+        else:
+            bad = np.any(x != np.floor(x)) or np.any(x < 0) or np.any(x > grid.steps)
+        if bad:
             raise DPQValueError(f"`groups` must hold grid indices in [0, {grid.steps}] with grid_indices=True")
-        snapped = x.astype(np.int64)
+        snapped = x.astype(np.int64, copy=False)
         x = None  # their grid values, computed below if a mechanism needs them
     else:
         snapped = None
@@ -284,10 +291,17 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
 # Arguments
 
 
-def _check_groups(groups):
-    """All groups' values and counts concatenated, and the group boundaries (checked once)."""
+def _check_groups(groups, keep_integers=False):
+    """All groups' values and counts concatenated, and the group boundaries (checked once).
+    ``keep_integers``: a :class:`FlatGroups` of 1-d integer values keeps them as they are (grid
+    indices, range-checked by the caller) instead of a float64 copy."""
     if isinstance(groups, FlatGroups):
-        x = check_values(groups.values, "groups")
+        raw = groups.values
+        if (keep_integers and isinstance(raw, np.ndarray) and raw.ndim == 1
+                and raw.dtype.kind in "iu"):
+            x = raw
+        else:
+            x = check_values(raw, "groups")
         counts = (np.ones(x.size, dtype=np.int64) if groups.counts is None
                   else check_counts(groups.counts, x.size, "groups' counts"))
         bounds = np.asarray(groups.bounds)
@@ -399,22 +413,83 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
         done, draws = _enumerate_cells(pts, mul, d, q, c, size, source)
         slow = np.sort(np.concatenate([slow, pick[~done]]))
         out[pick[done]] = draws
-    many, cells_list, held = [], [], 0
-    for g in slow.tolist():
-        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
-        cells = _grid_cells(k[lo:hi], counts[lo:hi], size)
-        if math.comb(cells[1].size + m - 1, m) <= ENUMERATE_MAX:
-            out[g] = _enumerate_one(cells, q, c, source)
-            continue
-        many.append(g)
-        cells_list.append(cells)
-        held += cells[1].size
-        if held >= CELLS_HELD:  # sample these before building more (groups are independent)
-            out[many] = _joint_many(cells_list, q, c, size, source)
-            many, cells_list, held = [], [], 0
+    many, cells_list, lo_list, hi_list, held = [], [], [], [], 0
+    enumerable = _enumerable(m)
+    for chunk, cells_of, band_of in _slow_cells(k, counts, bounds, members, slow, q, c, size):
+        for i, g in enumerate(chunk.tolist()):
+            cells = cells_of(i)
+            if cells[1].size <= enumerable:  # C(K + m - 1, m) <= ENUMERATE_MAX
+                out[g] = _enumerate_one(cells, q, c, source)
+                continue
+            many.append(g)
+            cells_list.append(cells)
+            lo_g, hi_g = band_of(i)
+            lo_list.append(lo_g)
+            hi_list.append(hi_g)
+            held += cells[1].size
+            if held >= CELLS_HELD:  # sample these before building more (groups are independent)
+                out[many] = _joint_many(cells_list, q, c, size, source,
+                                        bands=(np.stack(lo_list), np.stack(hi_list)))
+                many, cells_list, lo_list, hi_list, held = [], [], [], [], 0
     if many:
-        out[many] = _joint_many(cells_list, q, c, size, source)
+        out[many] = _joint_many(cells_list, q, c, size, source,
+                                bands=(np.stack(lo_list), np.stack(hi_list)))
     return out
+
+
+#: groups whose cells and bands :func:`_slow_cells` builds together (its (G, m, 65) arrays of
+#: the reference sequence's candidates: about 10 MiB each at m = 9) ...
+_CELL_GROUPS = 2048
+#: ... and about this many of their rows at most (the flat arrays' temporaries: a few MiB each)
+_CELL_ROWS = 1 << 18
+
+
+def _slow_cells(k, counts, bounds, members, slow, q, c, size):
+    """The JointExp cells and bands of the groups ``members[slow]`` (in that order), chunk by
+    chunk: yields ``(chunk, cells_of, band_of)``, ``chunk`` the positions (into ``members``) of
+    a run of them, ``cells_of(i)`` the :func:`~dpq_spark.core.quantiles.joint_exp._grid_cells`
+    tuple of the chunk's i-th group (views into flat arrays built for the whole chunk by
+    :func:`_flat_cells`) and ``band_of(i)`` its ``_bands`` (:func:`_flat_bands`). A chunk holds at most ``_CELL_GROUPS`` groups and
+    ``_CELL_ROWS`` rows (or one larger group), so memory stays bounded; a group without a
+    positive count (one cell, the whole grid) gets its cells from ``_grid_cells``. Chunking
+    only groups independent draws, so no distribution changes."""
+    if slow.size == 0:
+        return
+    sizes = bounds[members[slow] + 1] - bounds[members[slow]]
+    positive = np.concatenate(([0], np.cumsum(counts > 0)))
+    live = positive[bounds[members[slow] + 1]] - positive[bounds[members[slow]]] > 0
+    del positive  # as large as the data: not kept while the groups are sampled
+    a = 0
+    rows = np.cumsum(sizes)
+    while a < slow.size:
+        # the chunk [a, b): at most _CELL_GROUPS groups and _CELL_ROWS rows (at least one group)
+        held = rows[a] - sizes[a]
+        b = min(a + _CELL_GROUPS, max(a + 1, int(np.searchsorted(rows, held + _CELL_ROWS,
+                                                                 side="right"))))
+        chunk = slow[a:b]
+        flat = chunk[live[a:b]]
+        if flat.size:
+            start, width, log_width, pos, n, coff = _flat_cells(k, counts, bounds, members[flat],
+                                                                size)
+            lo, hi = _flat_bands(start, width, log_width, pos, n, coff, q, c, size)
+        where = np.cumsum(live[a:b]) - 1  # a live group's place among the chunk's live ones
+
+        def cells_of(i, where=where, live=live[a:b], chunk=chunk):
+            if not live[i]:
+                g = int(members[chunk[i]])
+                return _grid_cells(k[bounds[g]:bounds[g + 1]], counts[bounds[g]:bounds[g + 1]],
+                                   size)
+            j = int(where[i])
+            x, y = int(coff[j]), int(coff[j + 1])
+            return start[x + j:y + j + 1], width[x:y], log_width[x:y], pos[x:y], int(n[j])
+
+        def band_of(i, where=where, live=live[a:b]):
+            if not live[i]:
+                return _bands(*cells_of(i), q, c, size)
+            return lo[int(where[i])], hi[int(where[i])]
+
+        yield chunk, cells_of, band_of
+        a = b
 
 
 def _member_rows(bounds, members):
@@ -778,3 +853,201 @@ def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
         less = val < key
         lo = np.where(open_ & less, mid + 1, lo)
         hi = np.where(open_ & ~less, mid, hi)
+
+
+# --------------------------------------------------------------------------------------------
+# JointExp cells and bands of many groups at once
+
+
+def _flat_cells(k, counts, bounds, members, size):
+    """:func:`~dpq_spark.core.quantiles.joint_exp._grid_cells` of the groups ``members`` (each
+    with at least one positive count) in a few array operations over all of them.
+
+    Returns ``(start, width, log_width, pos, n, coff)``: group g's cells are ``coff[g] :
+    coff[g + 1]`` of ``width``, ``log_width`` and ``pos`` and its ``K + 1`` starts (the last one
+    ``size``) are ``coff[g] + g : coff[g + 1] + g + 1`` of ``start``; ``n`` is its number of rows.
+    Every number is the one ``_grid_cells`` computes for the group alone (the same elementwise
+    operations; tested bit for bit).
+    """
+    local, rows = _member_rows(bounds, members)
+    kk, cc = k[rows], counts[rows]
+    live = cc > 0
+    if not live.all():
+        local, kk, cc = local[live], kk[live], cc[live]
+    ordered = kk.size < 2 or bool(np.all((local[1:] > local[:-1]) | (kk[1:] > kk[:-1])))
+    if ordered:  # sorted and distinct within each group (a fold's groups)
+        dg, distinct, mult = local, kk, cc
+    else:
+        order = np.lexsort((kk, local))
+        local, kk, cc = local[order], kk[order], cc[order]
+        first = np.flatnonzero(np.r_[True, (local[1:] != local[:-1]) | (kk[1:] != kk[:-1])])
+        dg, distinct, mult = local[first], kk[first], np.add.reduceat(cc, first)
+    distinct, mult = distinct.astype(np.int64), mult.astype(np.int64)
+    G, D = members.size, distinct.size
+    d = np.bincount(dg, minlength=G)
+    if np.any(d == 0):
+        raise AssertionError("_flat_cells: a group without rows")  # callers enumerate those
+    gstart = np.cumsum(d) - d
+    gend = gstart + d - 1
+    n = np.add.reduceat(mult, gstart)
+    cm = np.cumsum(mult) - mult
+    below = cm - np.repeat(cm[gstart], d)  # #{x < d} within the group
+    nxt = np.empty(D, dtype=np.int64)
+    nxt[:-1] = distinct[1:]
+    nxt[gend] = size
+    single = mult == 1
+    w_main = np.where(single, nxt - distinct, 1)
+    w_gap = np.where(single, 0, nxt - distinct - 1)
+    has_gap = w_gap > 0
+    lead = distinct[gstart] > 0
+    is_first = np.zeros(D, dtype=bool)
+    is_first[gstart] = True
+    leads_here = is_first & np.repeat(lead, d)
+    emit = 1 + has_gap + leads_here
+    end = np.cumsum(emit)
+    begin = end - emit
+    main_at = begin + leads_here
+    gap_at = main_at[has_gap] + 1
+    total = int(end[-1])
+    width = np.empty(total, dtype=np.int64)
+    cstart = np.empty(total, dtype=np.int64)
+    pos = np.empty(total, dtype=np.float64)
+    lead_at = begin[gstart[lead]]
+    width[lead_at], cstart[lead_at], pos[lead_at] = distinct[gstart[lead]], 0, 0.0
+    width[main_at], cstart[main_at] = w_main, distinct
+    pos[main_at] = below + _tie_rank(mult.astype(np.float64))
+    width[gap_at], cstart[gap_at] = w_gap[has_gap], distinct[has_gap] + 1
+    pos[gap_at] = (below[has_gap] + mult[has_gap]).astype(np.float64)
+    coff = np.zeros(G + 1, dtype=np.int64)
+    coff[1:] = end[gend]
+    K = np.diff(coff)
+    start = np.empty(total + G, dtype=np.int64)
+    start[np.arange(total) + np.repeat(np.arange(G), K)] = cstart
+    start[coff[1:] + np.arange(G)] = size
+    return start, width, np.log(width.astype(np.float64)), pos, n, coff
+
+
+def _search_in_groups(pos, coff, x, xg, side):
+    """``np.searchsorted(pos[coff[g]:coff[g + 1]], x, side)`` for every query ``x`` of group
+    ``xg`` (``xg`` broadcast to ``x``'s shape), for all groups in one search, exactly.
+
+    Cell positions are mid-ranks, multiples of 1/2: ``p <= x`` iff ``2 p <= floor(2 x)`` and
+    ``p < x`` iff ``2 p <= ceil(2 x) - 1``, comparisons of integers (``2 x`` and its floor are
+    exact in float64). Each group's doubled positions are shifted into a disjoint int64 range
+    and its queries, clipped to the range, searched there: the same indices as the per-group
+    float search.
+    """
+    shape = x.shape
+    x, xg = x.ravel(), np.broadcast_to(xg, shape).ravel()
+    G = coff.size - 1
+    two = (2.0 * pos).astype(np.int64)
+    top = int(two.max(initial=0))
+    span = top + 3  # group g's keys lie in [g span, g span + top], its queries within 1 of that
+    shift = np.arange(G, dtype=np.int64) * span
+    keys = two + np.repeat(shift, np.diff(coff))
+    doubled = np.floor(2.0 * x) if side == "right" else np.ceil(2.0 * x) - 1.0
+    query = np.clip(doubled, -1.0, top + 1.0).astype(np.int64) + shift[xg]
+    out = np.searchsorted(keys, query, side="right") - coff[xg]
+    return out.reshape(shape)
+
+
+def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
+    """:func:`~dpq_spark.core.quantiles.joint_exp._bands` of every group of :func:`_flat_cells`
+    at once: ``(lo, hi)`` of shape ``(G, m)``, local cell indices, the same integers as
+    ``_bands`` gives each group alone (the same float64 operations in the same order; sums
+    over a group's m or m + 1 terms are row reductions of contiguous rows, which numpy adds as
+    it adds the 1-d array; tested on many groups)."""
+    m = q.size
+    G = n.size
+    K = np.diff(coff)
+    base = coff[:-1, None]
+    rows = np.arange(G)[:, None]
+    nf = n.astype(np.float64)
+    cum_target = q[None, :] * n[:, None]  # P_j, per group
+    # Lower bound 1: the reference sequence.
+    centre = _search_in_groups(pos, coff, cum_target, rows, "right") - 1
+    span = np.arange(-32, 33)
+    cand = np.clip(centre[:, :, None] + span[None, None, :], 0, (K - 1)[:, None, None])
+    at = cand + base[:, :, None]
+    score = log_width[at] - 2.0 * c * np.abs(pos[at] - cum_target[:, :, None])
+    best = np.argmax(score, axis=2)
+    ref = np.maximum.accumulate(np.take_along_axis(cand, best[:, :, None], axis=2)[:, :, 0],
+                                axis=1)
+    keep_lo, keep_hi = ref, ref + 1
+    log_z_low = _flat_sequence_weight(ref + base, width, log_width, pos, nf, q, c)
+    # Lower bound 2: boxes, where every group's boxes exist and beat bound 1.
+    box, box_lo, box_hi = _flat_boxes(start, pos, n, coff, q, c)
+    better = np.isfinite(box) & (box > log_z_low)
+    log_z_low = np.where(better, box, log_z_low)
+    keep_lo = np.where(better[:, None], box_lo, keep_lo)
+    keep_hi = np.where(better[:, None], box_hi, keep_hi)
+    j = np.arange(1, m + 1)
+    log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
+    slack = (log_volume[None, :] + math.log(size) + math.log(m) + _LOG_BAND_TOL
+             - log_z_low[:, None])
+    half = np.maximum(slack, 0.0) / (2.0 * c)
+    lo = _search_in_groups(pos, coff, cum_target - half, rows, "left")
+    hi = _search_in_groups(pos, coff, cum_target + half, rows, "right")
+    return np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
+
+
+def _flat_sequence_weight(seq, width, log_width, pos, n, q, c) -> np.ndarray:
+    """``joint_exp._log_sequence_weight`` of one nondecreasing sequence of global cells per
+    row of ``seq``: the utility summed per row, and the multiset counts added output by output
+    in the order the per-group loop adds them (a run's log width, then one step per further
+    output)."""
+    G, m = seq.shape
+    ranks = np.concatenate([np.zeros((G, 1)), pos[seq], n[:, None]], axis=1)
+    targets = np.diff(np.concatenate(([0.0], q, [1.0])))[None, :] * n[:, None]
+    util = -np.ascontiguousarray(np.abs(np.diff(ranks, axis=1) - targets)).sum(axis=1)
+    w = width[seq].astype(np.float64)
+    log_k = np.array([math.log(v) for v in range(1, m + 1)])  # math.log(k), as _log_run_step
+    log_mult = np.zeros(G)
+    place = np.zeros(G, dtype=np.int64)  # outputs before this one in its run
+    for j in range(m):
+        if j:
+            place = np.where(seq[:, j] == seq[:, j - 1], place + 1, 0)
+        step = np.log(w[:, j] + place.astype(np.float64)) - log_k[place]
+        log_mult = log_mult + np.where(place == 0, log_width[seq[:, j]], step)
+    return c * util + log_mult
+
+
+def _flat_boxes(start, pos, n, coff, q, c):
+    """``joint_exp._box_lower_bound`` of every group: ``(log bound, lo, hi)``, the bound
+    ``-inf`` where the group has none."""
+    G, m = n.size, q.size
+    K = np.diff(coff)
+    nf = n.astype(np.float64)
+    cum = q[None, :] * n[:, None]
+    gaps = np.diff(np.concatenate([np.zeros((G, 1)), cum, nf[:, None]], axis=1), axis=1)
+    h_max = np.minimum(gaps[:, :-1], gaps[:, 1:]) / 2.0
+    ok = np.all(h_max >= 1.0, axis=1)
+    none = np.full(G, -np.inf), np.zeros((G, m), np.int64), np.zeros((G, m), np.int64)
+    if not ok.any():
+        return none
+    tops = np.ceil(np.log2(np.where(ok, h_max.max(axis=1), 1.0))).astype(np.int64)
+    L = int(tops.max()) + 1
+    grid = 2.0 ** np.arange(0, L)
+    h = np.minimum(grid[None, None, :], h_max[:, :, None])
+    rows = np.arange(G)[:, None, None]
+    left = _search_in_groups(pos, coff, cum[:, :, None] - h, rows, "left")
+    right = _search_in_groups(pos, coff, cum[:, :, None] + h, rows, "left")
+    valid = (right > left) & (np.arange(L)[None, None, :] <= tops[:, None, None])
+    Kb = K[:, None, None]
+    lc = np.minimum(left, Kb - 1)
+    rc = np.clip(right - 1, 0, Kb - 1)
+    base = coff[:-1, None, None]
+    dist = np.maximum(np.abs(pos[lc + base] - cum[:, :, None]),
+                      np.abs(pos[rc + base] - cum[:, :, None]))
+    sbase = base + np.arange(G)[:, None, None]  # group g's starts begin at coff[g] + g
+    with np.errstate(divide="ignore"):
+        length = np.log((start[np.minimum(right, Kb) + sbase]
+                         - start[lc + sbase]).astype(np.float64))
+    score = np.where(valid, length - 2.0 * c * dist, -np.inf)
+    best = np.argmax(score, axis=2)
+    chosen = np.take_along_axis(score, best[:, :, None], axis=2)[:, :, 0]
+    fine = ok & np.all(np.isfinite(chosen), axis=1)
+    bound = np.where(fine, np.ascontiguousarray(chosen).sum(axis=1), -np.inf)
+    lo = np.take_along_axis(left, best[:, :, None], axis=2)[:, :, 0]
+    hi = np.take_along_axis(right, best[:, :, None], axis=2)[:, :, 0]
+    return bound, lo, hi

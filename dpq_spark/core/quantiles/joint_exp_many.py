@@ -42,7 +42,6 @@ from dpq_spark.core.quantiles.joint_exp import (
     _add_window,
     _bands,
     _log_run_step,
-    _logaddexp_scalar,
 )
 
 __all__: list[str] = []
@@ -87,18 +86,25 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c, hi=None
 
     # Decayed sum of the sources of the group's earlier segments, taken at each segment's base:
     # carry[s] = log sum_{i' in segments < s of its group} exp(src_log[i'] - c (base[s] - p_{i'})).
+    # Computed for all groups in lockstep, segment rank r of every group at once (r is at most
+    # a band's span over 0.75 t plus one, a few dozen), with the elementwise operations of
+    # _logaddexp_scalar: each group's carries are the same numbers whatever the batch.
     carry = np.full(nseg, -np.inf)
     first_seg = np.ones(nseg, dtype=bool)
     first_seg[1:] = sg[starts[1:]] != sg[starts[:-1]]
-    tot, bases, fresh = tot_plus.tolist(), base.tolist(), first_seg.tolist()
-    running = -math.inf
-    for s in range(1, nseg):
-        if fresh[s]:
-            running = -math.inf
-            continue
-        prev = _logaddexp_scalar(running, tot[s - 1])
-        running = prev - c * (bases[s] - bases[s - 1])
-        carry[s] = running
+    heads = np.flatnonzero(first_seg)
+    rank = np.arange(nseg) - np.repeat(heads, np.diff(np.append(heads, nseg)))
+    by_rank = np.argsort(rank, kind="stable")
+    per_rank = np.bincount(rank)
+    at = int(per_rank[0])
+    for r in range(1, per_rank.size):
+        s = by_rank[at:at + per_rank[r]]
+        at += int(per_rank[r])
+        a, b = carry[s - 1], tot_plus[s - 1]
+        top = np.maximum(a, b)
+        with np.errstate(invalid="ignore"):  # both -inf: the sum is -inf (as the scalar)
+            prev = np.where(top == -np.inf, -np.inf, top + np.log1p(np.exp(-np.abs(a - b))))
+        carry[s] = prev - c * (base[s] - base[s - 1])
 
     # Causal part.
     has_causal = lo > np.repeat(src_off[:-1], rec_len)
@@ -326,7 +332,7 @@ class _Forward:
         return terms.reshape(jp.shape)
 
 
-def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
+def _sample_many(cells_list, q, c, size, source, rows=None, bands=None) -> np.ndarray:
     """JointExp for many groups in one pass: one draw per group (or per entry of ``rows``).
 
     Parameters
@@ -345,6 +351,10 @@ def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
     rows : numpy.ndarray of int, optional
         The group of each output row (default: one row per group, in order); a group may
         appear many times (independent draws from one forward pass).
+    bands : tuple of numpy.ndarray, optional
+        ``(lo, hi)``, shape ``(G, m)``: every group's :func:`_bands`, when the caller has them
+        (:func:`dpq_spark.core.quantiles.batch._flat_bands` computes the same integers for many
+        groups at once); computed here otherwise.
 
     Returns
     -------
@@ -373,10 +383,13 @@ def _sample_many(cells_list, q, c, size, source, rows=None) -> np.ndarray:
     out = np.empty((rows.size, m), dtype=np.int64)
     if rows.size == 0:
         return out
-    lo = np.empty((G, m), dtype=np.int64)
-    hi = np.empty((G, m), dtype=np.int64)
-    for g, cells in enumerate(cells_list):
-        lo[g], hi[g] = _bands(*cells, q, c, size)
+    if bands is not None:
+        lo, hi = (np.asarray(b, dtype=np.int64).reshape(G, m) for b in bands)
+    else:
+        lo = np.empty((G, m), dtype=np.int64)
+        hi = np.empty((G, m), dtype=np.int64)
+        for g, cells in enumerate(cells_list):
+            lo[g], hi[g] = _bands(*cells, q, c, size)
     # The forward tables hold every band cell of every step: batches of at most _BATCH_CELLS of
     # them (a group with more is a batch alone), one after the other. Groups are independent,
     # so this changes no group's distribution.
