@@ -184,7 +184,10 @@ def _dlap_cdf(scale: float, t: np.ndarray) -> np.ndarray:
     """``P(nu <= t)`` for ``nu ~ DLap(scale)`` (``P(y) ∝ exp(-|y| / scale)``), integer ``t``."""
     a = math.exp(-1.0 / scale)
     t = np.asarray(t, dtype=np.float64)
-    return np.where(t < 0, a ** (-t) / (1.0 + a), 1.0 - a ** (t + 1.0) / (1.0 + a))
+    # both exponents >= 0 (np.where evaluates both sides): no overflow when a is 0 or tiny
+    below = a ** np.maximum(-t, 0.0) / (1.0 + a)
+    above = 1.0 - a ** np.maximum(t + 1.0, 0.0) / (1.0 + a)
+    return np.where(t < 0, below, above)
 
 
 def overshoot_bound(threshold: int, rho_scale, nu_scale, steps: int = OVERSHOOT_STEPS) -> float:
