@@ -37,10 +37,12 @@ from dpq_spark.core._validation import (
     check_bounds,
     check_delta,
     check_epsilon,
+    check_granularity,
     check_positive_int,
     check_quantiles,
 )
 from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
 from dpq_spark.pipeline.ledger.base import is_postgres_url, redact_url, url_has_password
 
@@ -133,7 +135,14 @@ def _resolve_path(path: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
-    """Where the private data is: a CSV or Parquet path, or a table name, and which columns."""
+    """Where the private data is: a CSV or Parquet path, or a table name, and which columns.
+
+    ``schema`` (CSV only) holds the declared column types as ``(name, type)`` pairs, each type
+    a Spark type name (``"double"``, ``"decimal(10,2)"``, ``"string"``...). With
+    ``schema_complete`` (``input.schema`` given as a DDL string) it is the whole file's schema
+    in column order and the header's names are not used; otherwise (a table of types) it gives
+    the types of the named header columns and every other column is read as a string.
+    """
 
     format: str
     column: str
@@ -142,6 +151,8 @@ class InputConfig:
     group_by: tuple[str, ...] = ()
     csv_mode: str = "DROPMALFORMED"
     csv_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    schema: tuple[tuple[str, str], ...] = ()
+    schema_complete: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,15 +181,27 @@ class ReleaseConfig:
     resolution: int | None = 2**20  # None without bounds (a fixed public log-scale grid)
     mechanism: str = "auto"
     bounds_share: float | None = None  # without bounds only; None: the default 0.2
+    granularity: float | None = None  # None: the column type's grid (dp_quantiles' rule)
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputConfig:
-    """Where the release goes. ``mode="error"`` refuses to replace an earlier release."""
+    """Where the release goes: a directory (``path``), a table (``table``), or both.
+    ``mode="error"`` refuses to replace an earlier release at ``path``; a table is appended to,
+    one release per run."""
 
-    path: str
+    path: str | None
     format: str = "parquet"
     mode: str = "error"
+    table: str | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the release goes, in words."""
+        parts = [] if self.path is None else [self.path]
+        if self.table is not None:
+            parts.append(f"table {self.table}")
+        return " and ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +268,7 @@ class JobConfig:
             "resolution": r.resolution,
             "mechanism": r.mechanism,
             "bounds_share": r.bounds_share,
+            "granularity": r.granularity,
         }
 
 
@@ -254,13 +278,14 @@ class JobConfig:
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "job": ("name", "spark_properties", "run_id"),
-    "input": ("format", "path", "table", "column", "group_by", "csv"),
+    "input": ("format", "path", "table", "column", "group_by", "schema", "csv"),
     "groups": ("keys", "path", "format", "table"),
     "release": (
         "quantiles", "epsilon", "delta", "lower", "upper", "neighboring", "privacy_unit",
         "max_rows_per_unit", "max_groups_per_unit", "resolution", "mechanism", "bounds_share",
+        "granularity",
     ),
-    "output": ("path", "format", "mode"),
+    "output": ("path", "format", "mode", "table"),
     "ledger": ("url", "path", "dataset_id", "epsilon_cap", "delta_cap", "create",
                "password_file"),
 }
@@ -309,20 +334,40 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     """Parse one ``section.key=value`` override; the value is read as a TOML value when it is
     one (``0.5``, ``true``, ``["a", "b"]``) and as a plain string otherwise.
 
+    The key may reach into a table of the section: ``input.csv.mode=FAILFAST`` returns
+    ``("input", "csv.mode", "FAILFAST")``, which :func:`load_config` applies to
+    ``[input.csv]``, keeping the table's other keys.
+
     Raises
     ------
     ConfigError
-        If ``text`` is not of the form ``section.key=value``.
+        If ``text`` is not of the form ``section.key=value`` (or ``section.table.key=value``).
     """
     key, sep, raw = text.partition("=")
-    parts = key.strip().split(".")
-    if not sep or len(parts) != 2 or not all(parts):
+    parts = [p.strip() for p in key.strip().split(".")]
+    if not sep or len(parts) < 2 or not all(parts):
         raise ConfigError(f"an override must look like `section.key=value`, got {text!r}")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
-    return parts[0], parts[1], value
+    return parts[0], ".".join(parts[1:]), value
+
+
+def _apply_override(raw: dict, section: str, key: str, value: Any) -> None:
+    """Set ``raw[section][key]``; a dotted ``key`` (``csv.mode``) walks into nested tables,
+    creating the missing ones."""
+    target = raw.setdefault(section, {})
+    if not isinstance(target, dict):
+        raise ConfigError(f"`{section}` must be a table (a [{section}] section)")
+    *tables, last = key.split(".")
+    where = section
+    for name in tables:
+        where += "." + name
+        target = target.setdefault(name, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"`{where}` must be a table to override `{section}.{key}`")
+    target[last] = value
 
 
 def load_config(path: str, overrides: list[tuple[str, str, Any]] | None = None,
@@ -350,12 +395,9 @@ def load_config(path: str, overrides: list[tuple[str, str, Any]] | None = None,
     """
     raw = read_raw(path)
     for section, key, value in overrides or ():
-        target = raw.setdefault(section, {})
-        if not isinstance(target, dict):
-            raise ConfigError(f"`{section}` must be a table (a [{section}] section)")
-        target[key] = value
+        _apply_override(raw, section, key, value)
         if section == "ledger" and key in ("url", "path"):  # a flag replaces the file's ledger
-            target.pop("path" if key == "url" else "url", None)
+            raw[section].pop("path" if key == "url" else "url", None)
     return parse_config(raw, source=path, now=now)
 
 
@@ -457,17 +499,191 @@ def _parse_input(sec: dict) -> InputConfig:
             _fail(f"`input.path` {path!r} does not exist")
     csv = sec.get("csv", {})
     if not isinstance(csv, dict):
-        _fail("`input.csv` must be a table of Spark CSV reader options")
+        _fail("`input.csv` must be a table of CSV reader options")
     if csv and fmt != "csv":
         _fail(f"`input.csv` options are only for `input.format` 'csv', got {fmt!r}")
     csv = dict(csv)
     mode = _choice(csv, "input.csv", "mode", CSV_MODES, default="DROPMALFORMED", upper=True)
     csv.pop("mode", None)
-    for key in ("schema", "columnNameOfCorruptRecord"):
-        if key in csv:
-            _fail(f"`input.csv.{key}` is set by the job and must not be given")
+    options = _csv_options(csv)
+    schema, complete = (), False
+    if "schema" in sec:
+        if fmt != "csv":
+            _fail(f"`input.schema` is only for `input.format` 'csv': a {fmt} input has its "
+                  "own column types")
+        schema, complete = _parse_schema(sec["schema"])
+    if fmt == "csv":
+        _check_csv_types(schema, complete, column, group_by)
+        if options.get("header") is False and not complete:
+            _fail("`input.csv.header = false` needs `input.schema` as a DDL string naming every "
+                  "column in order: without a header line, the names and the number of columns "
+                  "would come from the first data row")
     return InputConfig(format=fmt, column=column, path=path, table=table, group_by=group_by,
-                       csv_mode=mode, csv_options=csv)
+                       csv_mode=mode, csv_options=options, schema=schema,
+                       schema_complete=complete)
+
+
+def _single_char(value) -> bool:
+    return isinstance(value, str) and len(value) <= 1
+
+
+def _nonempty(value) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+#: The CSV reader options a job may set: name -> (check, what the value must be, meaning).
+#: Everything else is refused: an option that the analyst chooses and that makes reading fail or
+#: succeed depending on the data asks the data a question outside any mechanism.
+CSV_OPTIONS: dict[str, tuple[Any, str, str]] = {
+    "header": (lambda v: isinstance(v, bool), "true or false",
+               "the first line holds the column names (default true); it is skipped"),
+    "sep": (_nonempty, "a non-empty string", "the field separator (default \",\")"),
+    "encoding": (_nonempty, "a charset name", "the file's charset (default UTF-8)"),
+    "quote": (_single_char, "one character, or \"\" for none",
+              "the quote character (default '\"')"),
+    "escape": (_single_char, "one character", "the escape character inside quotes (default \\)"),
+    "nullValue": (lambda v: isinstance(v, str), "a string",
+                  "the text of a null field (default the empty string)"),
+    "nanValue": (_nonempty, "a non-empty string", "the text of NaN in a number column"),
+    "positiveInf": (_nonempty, "a non-empty string", "the text of +infinity"),
+    "negativeInf": (_nonempty, "a non-empty string", "the text of -infinity"),
+    "ignoreLeadingWhiteSpace": (lambda v: isinstance(v, bool), "true or false",
+                                "strip spaces before each field"),
+    "ignoreTrailingWhiteSpace": (lambda v: isinstance(v, bool), "true or false",
+                                 "strip spaces after each field"),
+    "dateFormat": (_nonempty, "a non-empty string", "the pattern of date columns"),
+    "timestampFormat": (_nonempty, "a non-empty string", "the pattern of timestamp columns"),
+    "locale": (_nonempty, "a language tag", "the locale of dates and numbers (default en-US)"),
+}
+
+#: Options refused with their reason (the rest of Spark's options are refused as unknown).
+CSV_REFUSED: dict[str, str] = {
+    "delimiter": "use `input.csv.sep`",
+    "charset": "use `input.csv.encoding`",
+    "schema": "declare the types in `input.schema`",
+    "inferSchema": "types come from `input.schema`, never from the data",
+    "samplingRatio": "types come from `input.schema`, never from the data",
+    "enforceSchema": "the job applies `input.schema` as declared",
+    "preferDate": "types come from `input.schema`, never from the data",
+    "columnNameOfCorruptRecord": "it would copy raw rows into a column",
+    "comment": "it skips lines by their content (the header line too, so a data row becomes "
+               "the column names)",
+    "maxCharsPerColumn": "it fails a row by the length of a field: a question about the data",
+    "maxColumns": "it fails a row by its number of fields: a question about the data",
+    "multiLine": "a record must be one line: with it, one record's open quote can swallow the "
+                 "records after it",
+    "lineSep": "a record must be one line (the unit of privacy)",
+}
+
+
+def _csv_options(csv: dict) -> dict[str, Any]:
+    """``input.csv`` (without ``mode``) checked against :data:`CSV_OPTIONS`."""
+    for key, value in csv.items():
+        if key in CSV_REFUSED:
+            _fail(f"`input.csv.{key}` is not allowed: {CSV_REFUSED[key]}")
+        if key not in CSV_OPTIONS:
+            _fail(f"unknown key `input.csv.{key}`; the CSV options are mode, "
+                  + ", ".join(CSV_OPTIONS) + " (see docs/jobs.md)")
+        check, rule, _ = CSV_OPTIONS[key]
+        if not check(value):
+            _fail(f"`input.csv.{key}` must be {rule}, got {value!r}")
+    return csv
+
+
+_INTEGRAL_TYPES = {"tinyint": "tinyint", "byte": "tinyint", "smallint": "smallint",
+                   "short": "smallint", "int": "int", "integer": "int", "bigint": "bigint",
+                   "long": "bigint"}
+_FLOAT_TYPES = {"float": "float", "real": "float", "double": "double"}
+_OTHER_TYPES = {"string": "string", "boolean": "boolean", "date": "date",
+                "timestamp": "timestamp"}
+_DECIMAL = re.compile(r"(?:decimal|dec|numeric)(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?")
+_DDL_NAME = re.compile(r"\s*(?:`([^`]+)`|([A-Za-z_][A-Za-z0-9_]*))\s+(.+?)\s*")
+
+
+def _spark_type(text, where: str) -> str:
+    """A column type of ``input.schema`` as Spark's simple string (``"decimal(10,2)"``)."""
+    if not isinstance(text, str):
+        _fail(f"`{where}` must be a type name such as \"double\", got {text!r}")
+    name = text.strip().lower()
+    for table in (_INTEGRAL_TYPES, _FLOAT_TYPES, _OTHER_TYPES):
+        if name in table:
+            return table[name]
+    match = _DECIMAL.fullmatch(name)
+    if match:
+        precision = int(match.group(1) or 10)
+        scale = int(match.group(2) or 0)
+        if not 1 <= precision <= 38 or scale > precision:
+            _fail(f"`{where}`: decimal precision must be in 1..38 and the scale at most the "
+                  f"precision, got {text!r}")
+        return f"decimal({precision},{scale})"
+    _fail(f"`{where}` must be one of tinyint, smallint, int, bigint, float, double, "
+          f"decimal(p,s), string, boolean, date, timestamp, got {text!r}")
+
+
+def _is_numeric_type(name: str) -> bool:
+    """Whether a type of :func:`_spark_type` is a number type (integral, float, decimal)."""
+    return (name in _INTEGRAL_TYPES.values() or name in _FLOAT_TYPES.values()
+            or name.startswith("decimal("))
+
+
+def _split_ddl(text: str) -> list[str]:
+    """Split a DDL string at the commas outside parentheses and backquotes."""
+    parts, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == "`":
+            quoted = not quoted
+        elif not quoted and ch == "(":
+            depth += 1
+        elif not quoted and ch == ")":
+            depth -= 1
+        elif not quoted and depth == 0 and ch == ",":
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _parse_schema(value) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """``input.schema``: a DDL string (every column, in order) or a table of types by name."""
+    if isinstance(value, str):
+        fields = []
+        for part in _split_ddl(value):
+            match = _DDL_NAME.fullmatch(part)
+            if not match:
+                _fail(f"`input.schema` must be a DDL string such as \"id BIGINT, score "
+                      f"DOUBLE\" (a name and a type per column), got {value!r}")
+            name = match.group(1) or match.group(2)
+            fields.append((name, _spark_type(match.group(3), f"input.schema` type of `{name}")))
+        complete = True
+    elif isinstance(value, dict) and value:
+        fields = [(name, _spark_type(kind, f"input.schema.{name}")) for name, kind in value.items()]
+        complete = False
+    else:
+        _fail("`input.schema` must be a DDL string (\"id BIGINT, score DOUBLE, ...\", every "
+              "column in order) or a table of types by column name ({ score = \"double\" }), "
+              f"got {value!r}")
+    names = [n for n, _ in fields]
+    if len(set(names)) != len(names):
+        _fail("`input.schema` must not repeat a column")
+    return tuple(fields), complete
+
+
+def _check_csv_types(schema, complete: bool, column: str, group_by: tuple[str, ...]) -> None:
+    """The CSV rule, from the configuration alone: the value column's type is declared and is a
+    number type; with a complete schema every named column is in it."""
+    types = dict(schema)
+    if column not in types:
+        _fail(f"`input.schema` must declare the type of `input.column` {column!r}: a CSV has no "
+              "types and the job never guesses them from the data; e.g. `input.schema = { "
+              f"{column} = \"double\" }}`")
+    if not _is_numeric_type(types[column]):
+        _fail(f"`input.schema` declares `input.column` {column!r} as {types[column]}; the "
+              "release needs a number type (tinyint, smallint, int, bigint, float, double, "
+              "decimal)")
+    if complete:
+        for name in group_by:
+            if name not in types:
+                _fail(f"`input.group_by` names column {name!r}, which is not in `input.schema`")
 
 
 def _parse_groups(sec: dict | None, group_by: tuple[str, ...], has_delta: bool) -> GroupsConfig | None:
@@ -567,24 +783,54 @@ def _parse_release(sec: dict) -> ReleaseConfig:
         if resolution > MAX_RESOLUTION:
             _fail(f"`release.resolution` must be <= 2**30, got {resolution!r}")
     mechanism = _choice(sec, "release", "mechanism", _mechanisms(), default="auto")
+    granularity = _parse_granularity(sec.get("granularity"), lower, upper)
     return ReleaseConfig(quantiles=quantiles, epsilon=epsilon, delta=delta, lower=lower,
                          upper=upper, neighboring=neighboring, privacy_unit=unit,
                          max_rows_per_unit=rows, max_groups_per_unit=groups,
-                         resolution=resolution, mechanism=mechanism, bounds_share=bounds_share)
+                         resolution=resolution, mechanism=mechanism, bounds_share=bounds_share,
+                         granularity=granularity)
+
+
+def _parse_granularity(value, lower, upper) -> float | None:
+    """``release.granularity``: finite and > 0, and with bounds at most 2**32 steps between
+    them (the rule of ``dp_quantiles``, checked before any job). Left out, the column type's
+    grid applies (integers, a decimal's scale; none for float/double)."""
+    if value is None:
+        return None
+    g = _wrap(check_granularity, value, name="release.granularity")
+    if lower is not None:
+        try:
+            steps = Grid(lower, upper, g).steps
+        except ValueError as exc:  # the core's rule, at most 2**52 steps
+            raise ConfigError(str(exc).replace("`granularity`", "`release.granularity`")) from None
+        if steps > 2**32:
+            _fail(f"`release.granularity` must give at most 2**32 steps between "
+                  f"`release.lower` and `release.upper`, got {g!r} on [{lower!r}, {upper!r}]")
+    return g
+
+
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}")
 
 
 def _parse_output(sec: dict, now: _dt.datetime) -> OutputConfig:
-    path = _string(sec, "output", "path", required=True)
-    stamp = (now.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-             + "-" + secrets.token_hex(3))
-    try:
-        path = path.format(timestamp=stamp)
-    except (KeyError, IndexError, ValueError):
-        _fail(f"`output.path` may only use the placeholder {{timestamp}}, got {path!r}")
+    table = _string(sec, "output", "table")
+    if table is not None and not _TABLE_NAME.fullmatch(table):
+        _fail(f"`output.table` must be a table name such as `releases` or "
+              f"`catalog.schema.releases` (letters, digits, underscores), got {table!r}")
+    path = _string(sec, "output", "path")
+    if path is None and table is None:
+        _fail("[output] needs `output.path` (a directory), `output.table` (a table), or both")
+    if path is not None:
+        stamp = (now.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+                 + "-" + secrets.token_hex(3))
+        try:
+            path = _resolve_path(path.format(timestamp=stamp))
+        except (KeyError, IndexError, ValueError):
+            _fail(f"`output.path` may only use the placeholder {{timestamp}}, got {path!r}")
     fmt = _choice(sec, "output", "format", OUTPUT_FORMATS, default="parquet")
     mode = _choice(sec, "output", "mode", OUTPUT_MODES + ("errorifexists",), default="error")
-    return OutputConfig(path=_resolve_path(path), format=fmt,
-                        mode="error" if mode == "errorifexists" else mode)
+    return OutputConfig(path=path, format=fmt, mode="error" if mode == "errorifexists" else mode,
+                        table=table)
 
 
 def ledger_url(sec: dict) -> str:

@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 
 
 def read_csv(spark: "SparkSession", path: str, *, mode: str = "DROPMALFORMED",
-             options: dict[str, Any] | None = None,
-             numeric: tuple[str, ...] = ()) -> "DataFrame":
-    """Read a CSV file with every column as a string (``numeric`` ones as double) and header
+             options: dict[str, Any] | None = None, numeric: tuple[str, ...] = (),
+             schema: "dict[str, str] | list[tuple[str, str]] | None" = None) -> "DataFrame":
+    """Read a CSV file with declared column types, every other column as a string, and header
     names stripped of spaces.
 
     Parameters
@@ -34,13 +34,18 @@ def read_csv(spark: "SparkSession", path: str, *, mode: str = "DROPMALFORMED",
         The file or directory.
     mode : {"DROPMALFORMED", "PERMISSIVE", "FAILFAST"}
         Spark's CSV parse mode. With ``"DROPMALFORMED"`` (the default) rows whose number of
-        fields differs from the header, or whose ``numeric`` fields are not numbers, are
+        fields differs from the header, or whose typed fields do not parse as their type, are
         dropped, e.g. the four Goodreads rows with an unquoted comma; ``"FAILFAST"`` fails on
         them (when the data is read); ``"PERMISSIVE"`` keeps them with nulls.
     options : dict, optional
         Further Spark CSV reader options (``header`` defaults to true).
     numeric : tuple of str
-        Columns (stripped names) read as double.
+        Columns (stripped header names) read as double, when ``schema`` does not type them.
+    schema : dict or list of (name, type), optional
+        Declared types as Spark type names (``"double"``, ``"decimal(10,2)"``). A dict types
+        the named header columns (stripped names). A list is the complete schema, every column
+        in order: the header line, if any, is skipped and its names are not used (nothing of
+        the file is read to build the DataFrame).
 
     Notes
     -----
@@ -52,40 +57,69 @@ def read_csv(spark: "SparkSession", path: str, *, mode: str = "DROPMALFORMED",
     from pyspark.sql import types as T
 
     options = {"header": True, **(options or {})}
-    header = spark.read.options(**options).csv(path).columns
-    names = [c.strip() for c in header]
-    if len(set(names)) != len(names):
-        # Positions only: with some reader options the "header" is a data row.
-        first: dict[str, int] = {}
-        repeated = []
-        for i, n in enumerate(names):
-            if n in first:
-                repeated.append(f"{first[n] + 1} and {i + 1}")
-            else:
-                first[n] = i
-        where = ", ".join(repeated)
-        raise ConfigError(f"the CSV header of {path!r} repeats a column name (columns {where}; "
-                          "names are not shown: with some reader options the header line is "
-                          "a data row)")
-    schema = T.StructType([
-        T.StructField(h, T.DoubleType() if n in numeric else T.StringType())
-        for h, n in zip(header, names)])
-    df = spark.read.schema(schema).options(**options, mode=mode).csv(path).toDF(*names)
+    if isinstance(schema, list):
+        names = [n for n, _ in schema]
+        struct = T.StructType([T.StructField(n, _spark_type(t)) for n, t in schema])
+        df = spark.read.schema(struct).options(**options, mode=mode).csv(path)
+    else:
+        header = spark.read.options(**options).csv(path).columns
+        names = [c.strip() for c in header]
+        if len(set(names)) != len(names):
+            # Positions only: with some reader options the "header" is a data row.
+            first: dict[str, int] = {}
+            repeated = []
+            for i, n in enumerate(names):
+                if n in first:
+                    repeated.append(f"{first[n] + 1} and {i + 1}")
+                else:
+                    first[n] = i
+            where = ", ".join(repeated)
+            raise ConfigError(f"the CSV header of {path!r} repeats a column name (columns "
+                              f"{where}; names are not shown: with some reader options the "
+                              "header line is a data row)")
+        types = {n: "double" for n in numeric}
+        types.update(schema or {})
+        unknown = [n for n in types if n not in names]
+        if unknown:  # a declared name, from the config: public
+            raise ConfigError(f"`input.schema` names column {unknown[0]!r}, which is not in the "
+                              f"CSV header ({len(names)} columns; not shown: with some reader "
+                              "options the header line is a data row)")
+        struct = T.StructType([
+            T.StructField(h, _spark_type(types.get(n, "string"))) for h, n in zip(header, names)])
+        df = spark.read.schema(struct).options(**options, mode=mode).csv(path).toDF(*names)
     if mode.upper() in ("DROPMALFORMED", "FAILFAST"):
         every_column = F.concat_ws(",", *[F.col(f"`{n}`").cast("string") for n in names])
         df = df.where(F.length(every_column) >= 0)
     return df
 
 
+def _spark_type(name: str):
+    """The Spark type of a type name of ``input.schema`` (as the configuration normalised it)."""
+    from pyspark.sql import types as T
+
+    simple = {"tinyint": T.ByteType(), "smallint": T.ShortType(), "int": T.IntegerType(),
+              "bigint": T.LongType(), "float": T.FloatType(), "double": T.DoubleType(),
+              "string": T.StringType(), "boolean": T.BooleanType(), "date": T.DateType(),
+              "timestamp": T.TimestampType()}
+    if name in simple:
+        return simple[name]
+    if name.startswith("decimal(") and name.endswith(")"):
+        precision, scale = (int(v) for v in name[len("decimal("):-1].split(","))
+        return T.DecimalType(precision, scale)
+    raise ValueError(f"unknown column type {name!r}")
+
+
 def read_input(spark: "SparkSession", inp: InputConfig,
                privacy_unit: str | None = None) -> "DataFrame":
-    """The private input with the group columns and ``column`` as double, lazily (only the
-    schema is resolved: for CSV the header line, for Parquet the footers, for a table the
-    catalog).
+    """The private input with the group columns and ``column`` (as double, or kept integral or
+    decimal: that type sets ``dp_quantiles``' release grid), lazily (only the
+    schema is resolved: for CSV the header line, or nothing with a complete
+    ``input.schema``; for Parquet the footers; for a table the catalog).
 
-    A typed source (Parquet, table) must have a numeric ``column``; CSV fields have no type, so
-    the column is parsed as double and a field that is not a number makes its row malformed
-    (dropped under ``"DROPMALFORMED"``, a failure under ``"FAILFAST"``).
+    A typed source (Parquet, table) must have a numeric ``column``. A CSV has no types: the
+    configuration declares them (``input.schema``, checked by :func:`load_config` to give the
+    value column a number type), and a field that does not parse as its declared type makes
+    its row malformed (dropped under ``"DROPMALFORMED"``, a failure under ``"FAILFAST"``).
 
     Raises
     ------
@@ -102,8 +136,9 @@ def read_input(spark: "SparkSession", inp: InputConfig,
     elif inp.format == "parquet":
         df = spark.read.parquet(inp.path)
     else:
+        schema = list(inp.schema) if inp.schema_complete else dict(inp.schema)
         df = read_csv(spark, inp.path, mode=inp.csv_mode, options=inp.csv_options,
-                      numeric=(inp.column,))
+                      schema=schema)
     wanted = [(inp.column, "input.column")] + [(g, "input.group_by") for g in inp.group_by]
     if privacy_unit is not None:
         wanted.append((privacy_unit, "release.privacy_unit"))
@@ -121,6 +156,8 @@ def read_input(spark: "SparkSession", inp: InputConfig,
                           "input; the release needs a numeric column (cast it in a view or "
                           "table first)")
     unit = [privacy_unit] if privacy_unit is not None else []
+    if isinstance(kind, (T.IntegralType, T.DecimalType)):  # its type sets the release grid
+        return df.select(*inp.group_by, *unit, inp.column)
     return df.select(*inp.group_by, *unit, try_cast(inp.column, "double").alias(inp.column))
 
 

@@ -7,12 +7,16 @@
 2. refuse early if the output exists and ``output.mode`` is not ``"overwrite"``;
 3. open the ledger (never created unless ``ledger.create = true``), remove temporary outputs
    that dead runs of this dataset left behind, and check (read-only) that the budget fits;
-4. get the Spark session (the active one, or a plain ``getOrCreate()``); resolve the input's
-   schema and the public keys *without reading data*: the columns must exist, the value column
-   must be numeric (typed sources) and the key set must not be empty;
-5. reserve ε (and δ) in the ledger; with ``input.csv.mode = "FAILFAST"`` parse the whole input
-   once (a malformed row fails the job here, and the reservation is given back);
-6. mark the reservation spent, run :func:`dpq_spark.spark.dp_quantiles` (materialised);
+4. get the Spark session (the active one, or a plain ``getOrCreate()``; one the job starts
+   itself gets the log4j2 configuration ``conf/log4j2.properties``, see
+   :mod:`dpq_spark.pipeline.launch`); resolve the input's schema and the public keys *without
+   reading data*: the columns must exist, the value column must be numeric (its type in a
+   typed source, the type ``input.schema`` declares for CSV) and the key set must not be empty;
+5. reserve ε (and δ) in the ledger and mark the reservation spent at once, before any private
+   row is read;
+6. with ``input.csv.mode = "FAILFAST"`` parse the whole input once (a malformed row fails the
+   job here, and the budget stays charged); run :func:`dpq_spark.spark.dp_quantiles`
+   (materialised);
 7. write the release into a hidden ``.<name>.incomplete-r<record>-<hex>`` directory beside the
    target (its path recorded in the ledger) and rename it into place, so the output exists
    completely or not at all;
@@ -22,8 +26,11 @@
 the output path and the budget in the existing ledger (never creating or changing it), prints
 what the run would spend and where it would write, and reads no data and starts no Spark.
 
-A failure or SIGTERM/SIGINT before stage 6 gives the reservation back (exit 143/130 for the
-signals); from stage 6 on the budget stays charged, also when the process dies. A session the
+A failure or SIGTERM/SIGINT before the reservation is marked spent gives it back (exit 143/130
+for the signals): those failures are decided by the configuration, the schema and the ledger
+alone. From the mark on the budget stays charged whatever happens (a failure, a signal, the
+process dying): whether reading succeeds can depend on the data (a ``FAILFAST`` parse, reader
+options such as ``quote``), and a refund would answer that question for free. A session the
 job started itself is stopped on every exit path, so its JVM does not outlive the job. Logs name
 the stages, their timings and the public parameters; they never contain values, counts or group
 sizes, and errors that could carry data (Spark's own) are logged by class name only unless
@@ -54,17 +61,20 @@ from dpq_spark.pipeline.config import (
     quantiles_from_text,
 )
 from dpq_spark.core.errors import BudgetExceededError, DPQValueError
+from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.pipeline.ledger import (
     BudgetUsage, Ledger, LedgerError, is_postgres_url, open_ledger,
 )
 from dpq_spark.pipeline.ledger.base import sqlite_path
 from dpq_spark.pipeline._signals import (
-    JobInterrupted, deferred_signals, fault_point, signals_raise,
+    JobInterrupted, fault_point, signals_raise,
 )
 from dpq_spark.pipeline.inputs import read_input, read_keys
 from dpq_spark.pipeline.launch import get_session, stop_session
+from dpq_spark.pipeline.charge import check_unit, reserved, stored_release
 from dpq_spark.pipeline.outputs import (
-    OutputConflictError, OutputExistsError, clean_stale, output_exists, write_release,
+    OutputConflictError, OutputExistsError, append_to_table, clean_stale, output_exists,
+    write_release,
 )
 from dpq_spark.spark._workers import WorkerPythonError, check_workers
 
@@ -185,11 +195,11 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
         The ledger refuses the reservation (no data read).
     ConfigError
         A column, its type or the key set does not fit (nothing reserved), or a FAILFAST
-        parse failed (reservation given back).
+        parse failed (the budget stays charged: the input was read).
     LedgerError
         The ledger is missing, unreachable or refuses (nothing reserved).
     JobInterrupted, KeyboardInterrupt
-        SIGTERM/SIGINT: a reservation is given back if nothing was sampled yet.
+        SIGTERM/SIGINT: a reservation is given back if no private row was read yet.
     OutputConflictError
         The output appeared while the job ran (budget charged, nothing written).
     MissingSparkError
@@ -212,7 +222,7 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
     led = cfg.ledger
     log.info("job %s: public parameters %s", cfg.name, json.dumps(params, sort_keys=True))
     log.info("job %s: output %s (format=%s, mode=%s); ledger %s (dataset %r)", cfg.name,
-             cfg.output.path, cfg.output.format, cfg.output.mode, led.name, led.dataset_id)
+             cfg.output.where, cfg.output.format, cfg.output.mode, led.name, led.dataset_id)
 
     ledger = None
     if cfg.release_name is not None:  # a named run released before is returned, not redone
@@ -232,6 +242,9 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
         ledger.check_budget(led.dataset_id, epsilon=cfg.release.epsilon, delta=cfg.release.delta,
                             epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap,
                             create_dataset=led.create)
+        if led.dataset_id in ledger.datasets():  # a budget the job creates counts one row
+            check_unit(led.dataset_id, ledger.unit(led.dataset_id), cfg.release.privacy_unit,
+                       cfg.release.neighboring, what=f"job {cfg.name!r}")
 
     spark, started_here = None, False
     try:
@@ -252,6 +265,8 @@ def run_job(cfg: JobConfig, *, rng=None) -> JobResult:
 
 
 def _refuse_existing_output(cfg: JobConfig) -> None:
+    if cfg.output.path is None:
+        return  # a table only: appended to
     if output_exists(cfg.output) and cfg.output.mode != "overwrite":
         raise OutputExistsError(
             f"`output.path` {cfg.output.path!r} already holds a release; set "
@@ -264,18 +279,11 @@ def _released_before(cfg: JobConfig, ledger: Ledger, params: dict, started: floa
     charged nothing; None when the run has none. Refused when the name was used with other
     parameters, or was charged and never committed (a fresh draw would be a second answer)."""
     led = cfg.ledger
-    record = ledger.named(led.dataset_id, cfg.release_name)
+    record = stored_release(ledger, led.dataset_id, cfg.release_name, params,
+                            what=f"run {cfg.run_id!r} of job {cfg.name!r}",
+                            rename="give the run another `--run-id`")
     if record is None:
         return None
-    differ = record.differing_parameters(params)
-    if differ:
-        raise ConfigError(f"run {cfg.run_id!r} of job {cfg.name!r} was released before (ledger "
-                          f"record {record.id}) with other parameters ({', '.join(differ)} "
-                          "differ); give this run another `--run-id`")
-    if record.status != "committed":
-        raise LedgerError(f"run {cfg.run_id!r} of job {cfg.name!r} (ledger record {record.id}) is "
-                          f"{record.status!r}: it was charged but never committed; releasing it "
-                          "again would draw a second answer (give the run another `--run-id`)")
     log.info("job %s: run %r was released before as ledger record %d; nothing charged", cfg.name,
              cfg.run_id, record.id)
     return JobResult(output=record.output, record_id=record.id,
@@ -284,81 +292,86 @@ def _released_before(cfg: JobConfig, ledger: Ledger, params: dict, started: floa
 
 
 def _reserve_and_release(cfg: JobConfig, ledger: Ledger, data, keys, params, rng):
-    led, record = cfg.ledger, None
-    try:
-        with _stage("reserve budget"), deferred_signals():
-            record = ledger.reserve(
-                led.dataset_id, epsilon=cfg.release.epsilon, delta=cfg.release.delta,
-                epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap,
-                mechanism=cfg.release.mechanism, parameters=params, job=cfg.name,
-                create_dataset=led.create, name=cfg.release_name)
-        log.info("ledger record %d reserved", record)
+    """Reserve, mark spent, release, write and commit, through the life of a charge that
+    every release path shares (:mod:`dpq_spark.pipeline.charge`)."""
+    led, r = cfg.ledger, cfg.release
+    with contextlib.ExitStack() as charged:
+        with _stage("reserve budget"):  # a failure until spending() gives it back
+            charge = charged.enter_context(reserved(
+                ledger, led.dataset_id, by=f"job {cfg.name}", epsilon=r.epsilon, delta=r.delta,
+                epsilon_cap=led.epsilon_cap, delta_cap=led.delta_cap, mechanism=r.mechanism,
+                parameters=params, create_dataset=led.create, name=cfg.release_name))
         fault_point("after_reserve")
-        if cfg.input.format == "csv" and cfg.input.csv_mode == "FAILFAST":
-            with _stage("parse input (FAILFAST)"):
-                _parse_all(data)
-    except BaseException as exc:
-        if record is not None:
-            with deferred_signals():
-                ledger.cancel(record, reason=f"failed before sampling: {type(exc).__name__}",
-                              by=f"job {cfg.name}")
-            log.info("ledger record %d cancelled: no noisy value was computed", record)
-        raise
+        # Spent before the first private row is read: from here on whether the job succeeds,
+        # fails or is stopped may depend on the data (a FAILFAST parse, Spark's own errors),
+        # so no outcome gives the budget back.
+        with charge.spending():
+            if cfg.input.format == "csv" and cfg.input.csv_mode == "FAILFAST":
+                with _stage("parse input (FAILFAST)"):
+                    _parse_all(data)
+            from dpq_spark.spark import dp_quantiles
 
-    with deferred_signals():
-        ledger.mark_spent(record)
-    log.info("ledger record %d spent: from here on the budget stays charged", record)
-    try:
-        from dpq_spark.spark import dp_quantiles
+            with _stage("release"):
+                result = dp_quantiles(
+                    data, cfg.input.column, quantiles=list(r.quantiles), epsilon=r.epsilon,
+                    lower=r.lower, upper=r.upper, group_by=list(cfg.input.group_by) or None,
+                    groups=keys, neighboring=r.neighboring, privacy_unit=r.privacy_unit,
+                    max_rows_per_unit=r.max_rows_per_unit,
+                    max_groups_per_unit=r.max_groups_per_unit, delta=r.delta,
+                    resolution=r.resolution, mechanism=r.mechanism, bounds_share=r.bounds_share,
+                    granularity=r.granularity, rng=rng)
+            fault_point("after_sample")
+            fault_point("after_sample_term")
+            created = _dt.datetime.now(_dt.timezone.utc)
+            metadata = {
+                **params,
+                "dataset_id": led.dataset_id,
+                "ledger_record": charge.id,
+                "guarantee": guarantee(cfg),
+                "created_at": created.isoformat(timespec="seconds"),
+                "columns": result.columns,
+                # the release's random source: the OS CSPRNG (true) unless a test passed a seed
+                "cryptographic": resolve_rng(rng).cryptographic,
+            }
+            written = []
+            if cfg.output.path is not None:
+                with _stage("write output"):
+                    written.append(write_release(result, cfg.output, metadata, record=charge.id,
+                                                 on_temp=charge.record_output))
+            if cfg.output.table is not None:
+                with _stage("append to table"):
+                    append_to_table(result, cfg.output.table, {
+                        "release_name": cfg.release_name or cfg.name,
+                        "released_at": created.replace(tzinfo=None), "dataset_id": led.dataset_id,
+                        "ledger_record": charge.id, "epsilon": r.epsilon,
+                        "delta": r.delta or 0.0, "privacy_unit": _unit_words(r)})
+                written.append(f"table {cfg.output.table}")
+            with _stage("commit ledger"):
+                charge.commit(" and ".join(written))
+    return " and ".join(written), charge.id
 
-        r = cfg.release
-        with _stage("release"):
-            result = dp_quantiles(
-                data, cfg.input.column, quantiles=list(r.quantiles), epsilon=r.epsilon,
-                lower=r.lower, upper=r.upper, group_by=list(cfg.input.group_by) or None,
-                groups=keys, neighboring=r.neighboring, privacy_unit=r.privacy_unit,
-                max_rows_per_unit=r.max_rows_per_unit, max_groups_per_unit=r.max_groups_per_unit,
-                delta=r.delta, resolution=r.resolution, mechanism=r.mechanism,
-                bounds_share=r.bounds_share, rng=rng)
-        fault_point("after_sample")
-        fault_point("after_sample_term")
-        metadata = {
-            **params,
-            "dataset_id": led.dataset_id,
-            "ledger_record": record,
-            "guarantee": guarantee(cfg),
-            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "columns": result.columns,
-        }
 
-        def on_temp(tmp: str) -> None:
-            with deferred_signals():
-                ledger.record_output(record, tmp)
-
-        with _stage("write output"):
-            path = write_release(result, cfg.output, metadata, record=record, on_temp=on_temp)
-        with _stage("commit ledger"), deferred_signals():
-            ledger.commit(record, path)
-    except BaseException as exc:
-        with deferred_signals():
-            ledger.note(record, f"failed after sampling: {type(exc).__name__}; budget stays "
-                        "charged")
-        log.error("ledger record %d stays charged: the job failed after sampling", record)
-        raise
-    return path, record
+def _unit_words(r) -> str:
+    """The release's privacy unit in words, e.g. ``"one row (add/remove)"``."""
+    relation = "add/remove" if r.neighboring == "add_remove" else "swap"
+    unit = "one row" if r.privacy_unit is None else f"all rows of one `{r.privacy_unit}`"
+    return f"{unit} ({relation})"
 
 
 def _parse_all(data: "DataFrame") -> None:
     """Parse every row once (``input.csv.mode = "FAILFAST"``), turning Spark's parse failure
-    into a :class:`ConfigError` that does not echo the offending row."""
+    into a :class:`ConfigError` that does not echo the offending row. Runs after the
+    reservation is marked spent: a failure here depends on the data and stays charged."""
     try:
         data.write.format("noop").mode("overwrite").save()
     except Exception as exc:
         text = f"{type(exc).__name__} {exc}"
         if "FAILFAST" in text or "MALFORMED" in text.upper():
             raise ConfigError("`input.csv.mode` is \"FAILFAST\" and the input has a malformed "
-                              "row or a non-numeric `input.column` value (details suppressed: "
-                              "they may contain data); nothing was released") from None
+                              "row or a field that does not parse as its declared type "
+                              "(details suppressed: they may contain data); nothing was "
+                              "released, and the budget stays charged: the input was read") \
+                from None
         raise
 
 
@@ -395,7 +408,7 @@ def dry_run(cfg: JobConfig, *, out=print) -> None:
         f"{cfg.input.column!r}" + (f" per {', '.join(cfg.input.group_by)}"
                                    if cfg.input.group_by else "")
         + f", mechanism {r.mechanism}; guarantee: {guarantee(cfg)}")
-    out(f"output: {cfg.output.path} (format {cfg.output.format}, mode {cfg.output.mode})")
+    out(f"output: {cfg.output.where} (format {cfg.output.format}, mode {cfg.output.mode})")
     _refuse_existing_output(cfg)
     out(f"ledger: {led.name}, dataset {led.dataset_id!r}")
     shown = False
@@ -530,11 +543,12 @@ def main(argv: list[str] | None = None, *, prog: str = "dp_quantiles") -> int:
     int
         The exit code: 0 released (with ``--dry-run``: the run would be allowed); 2
         configuration or ledger error, a missing Spark extra, or local Python workers without
-        dpq_spark (nothing reserved, or the reservation given back); 3 budget exceeded (nothing
+        dpq_spark (nothing reserved, or the reservation given back), or a ``FAILFAST`` parse
+        failure (charged: the input was read); 3 budget exceeded (nothing
         reserved); 4 output exists (nothing reserved); 141 standard output closed by its
         reader (``| head``; quietly); 143 SIGTERM and 130 SIGINT (the reservation is given
-        back if nothing was sampled, else it stays charged); 1 any other failure (charged if it
-        came after sampling: ``dpq-spark ledger show`` tells). The output path is printed on success; each
+        back if no private row was read yet, else it stays charged); 1 any other failure
+        (charged if it came after the input was read: ``dpq-spark ledger show`` tells). The output path is printed on success; each
         error is reported once, through the ``dpq_spark.pipeline.job`` logger (stderr by default).
 
     Privacy

@@ -18,13 +18,22 @@ from dpq_spark.pipeline.ledger import Ledger
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
 
-__all__ = ["RELEASE_METADATA", "INCOMPLETE", "OutputExistsError", "OutputConflictError",
-           "output_exists", "write_release", "clean_stale"]
+__all__ = ["RELEASE_METADATA", "RELEASE_FILE", "INCOMPLETE", "OutputExistsError",
+           "OutputConflictError", "output_exists", "write_release", "append_to_table",
+           "clean_stale"]
 
 log = logging.getLogger(__name__)
 
 
 RELEASE_METADATA = "_release.json"
+
+#: The one data file of a local release directory, by format: ``pandas.read_csv(path +
+#: "/release.csv")`` reads a CSV release.
+RELEASE_FILE = {"csv": "release.csv", "json": "release.json", "parquet": "release.parquet"}
+
+#: The columns a release appended to a table carries besides its own (``output.table``).
+TABLE_COLUMNS = ("release_name", "released_at", "dataset_id", "ledger_record", "epsilon",
+                 "delta", "privacy_unit")
 
 
 INCOMPLETE = ".incomplete-"
@@ -52,7 +61,9 @@ def write_release(result: "DataFrame", out: OutputConfig, metadata: dict[str, An
 
     Local paths: Spark writes one file into a hidden ``.<name>.incomplete-r<record>-<hex>``
     directory beside the target (``on_temp`` is told its path first, so that the ledger can
-    record it), ``_release.json`` is added, and the directory is renamed into place (an atomic
+    record it); the file is named ``release.csv`` (``.parquet``, ``.json``: see
+    :data:`RELEASE_FILE`) and Spark's checksum and marker files are removed, ``_release.json``
+    is added, and the directory is renamed into place (an atomic
     rename on a POSIX file system). Until then its name says it is incomplete; a run killed
     meanwhile leaves it for the next run of the dataset to remove (see :func:`clean_stale`).
     With ``mode="overwrite"`` an earlier release is moved aside first and deleted after the
@@ -80,6 +91,7 @@ def write_release(result: "DataFrame", out: OutputConfig, metadata: dict[str, An
         on_temp(tmp)
     try:
         single.write.format(out.format).options(**writer_opts).mode("error").save(tmp)
+        _one_named_file(tmp, RELEASE_FILE[out.format])
         fault_point("during_write")
         with open(os.path.join(tmp, RELEASE_METADATA), "w", encoding="utf-8") as fh:
             json.dump(metadata, fh, indent=2, sort_keys=True)
@@ -98,6 +110,38 @@ def write_release(result: "DataFrame", out: OutputConfig, metadata: dict[str, An
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _one_named_file(directory: str, name: str) -> None:
+    """Rename the one part file Spark wrote in ``directory`` to ``name``; drop the rest
+    (``_SUCCESS``, ``.crc`` checksums): the directory's rename marks it complete."""
+    parts = [f for f in os.listdir(directory) if f.startswith("part-")]
+    if len(parts) != 1:
+        raise RuntimeError(f"expected one part file in {directory!r}, found {len(parts)}")
+    os.rename(os.path.join(directory, parts[0]), os.path.join(directory, name))
+    for f in os.listdir(directory):
+        if f != name:
+            os.remove(os.path.join(directory, f))
+
+
+def append_to_table(result: "DataFrame", table: str, metadata: dict[str, Any]) -> None:
+    """Append the release to the table ``table`` (created on the first run), each row with
+    the columns of :data:`TABLE_COLUMNS`: the release's name, time, dataset, ledger record,
+    epsilon, delta and privacy unit.
+
+    The table is written with ``saveAsTable`` in the session's default format
+    (``spark.sql.sources.default``: Delta on Databricks, Parquet on plain Spark) unless it
+    exists, when its own format is used. One call appends one release; the job calls it once
+    per committed run (a retried run returns the stored release and appends nothing).
+    """
+    from pyspark.sql import functions as F
+
+    extra = [F.lit(metadata.get(c)).cast(t).alias(c) for c, t in (
+        ("release_name", "string"), ("released_at", "timestamp"), ("dataset_id", "string"),
+        ("ledger_record", "long"), ("epsilon", "double"), ("delta", "double"),
+        ("privacy_unit", "string"))]
+    rows = result.select(*[F.col(f"`{c}`") for c in result.columns], *extra)
+    rows.write.mode("append").saveAsTable(table)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.interactive.median_state import MedianState
-from dpq_spark.pipeline.charge import Charge, reserved, stored_release
+from dpq_spark.pipeline.charge import Charge, check_unit, reserved, stored_release
 from dpq_spark.pipeline.ledger import Ledger, LedgerError, open_ledger
 from dpq_spark.pipeline.ledger.unit import PrivacyUnit
 from dpq_spark.spark._arguments import parse_request
@@ -156,7 +156,7 @@ class BudgetSession:
                   delta: float | None = None, resolution: int | None = None,
                   mechanism: str = "auto", selection_fraction: float = 0.5,
                   bounds_share: float | None = None, layout: str = "long",
-                  rng=None) -> "DataFrame":
+                  granularity: float | None = None, rng=None) -> "DataFrame":
         """Release differentially private quantiles of ``column``, charged to the budget.
 
         Takes every argument of :func:`dpq_spark.dp_quantiles` and runs it; the unit arguments
@@ -196,14 +196,7 @@ class BudgetSession:
         """
         unit_column = self.unit.column if privacy_unit is _DATASET else privacy_unit
         relation = self.unit.neighboring if neighboring is _DATASET else neighboring
-        if not self.unit.admits(unit_column, relation):
-            asked = PrivacyUnit(column=unit_column, neighboring=relation) if (
-                relation in ("add_remove", "swap")) else None
-            what = asked.describe() if asked is not None else f"neighboring={relation!r}"
-            raise DPQValueError(
-                f"this release protects {what}, but dataset {self.dataset!r}'s budget counts "
-                f"{self.unit.describe()}: a release charged to it must protect that unit (or "
-                "one containing it)")
+        check_unit(self.dataset, self.unit, unit_column, relation)
         if unit_column is not None and unit_column == self.unit.column:
             rows = self.unit.max_rows_per_unit if max_rows_per_unit is None else max_rows_per_unit
             groups_per = (self.unit.max_groups_per_unit if max_groups_per_unit is None
@@ -216,7 +209,8 @@ class BudgetSession:
                       privacy_unit=unit_column, max_rows_per_unit=rows,
                       max_groups_per_unit=groups_per, delta=delta, resolution=resolution,
                       mechanism=mechanism, selection_fraction=selection_fraction,
-                      bounds_share=bounds_share, layout=layout, rng=rng)
+                      bounds_share=bounds_share, layout=layout, granularity=granularity,
+                      rng=rng)
         req = parse_request(self._data, column, **kwargs)  # validates; runs no job
         check_workers(self._data.sparkSession, "BudgetSession.quantiles", grouped=bool(req.keys))
         params = _public_parameters("quantiles", column, kwargs, req)
@@ -288,11 +282,7 @@ class BudgetSession:
         basic composition with its other releases.
         """
         relation = self.unit.neighboring if neighboring is _DATASET else neighboring
-        if not self.unit.admits(None, relation):
-            raise DPQValueError(
-                f"a median-mechanism session protects one row ({relation}), but dataset "
-                f"{self.dataset!r}'s budget counts {self.unit.describe()}: a release charged to "
-                "it must protect that unit (or one containing it)")
+        check_unit(self.dataset, self.unit, None, relation, what="a median-mechanism session")
         options = dict(epsilon=epsilon, accuracy=accuracy, max_hard_queries=max_hard_queries,
                        neighboring=relation, candidates=candidates,
                        candidate_size=candidate_size, n_candidates=n_candidates, prior=prior,

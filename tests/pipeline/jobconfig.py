@@ -11,9 +11,12 @@ def write_job_config(path: Path, *, data, column: str, output, ledger_url: str,
                      group_by: list[str] | None = None, keys: list[str] | None = None,
                      bounds: str = "lower = 0.0\nupper = 10.0", output_format: str = "csv",
                      mode: str | None = None, cap=None, create: bool | None = None,
-                     extra: str = "") -> str:
-    """Write a CSV-input job config to ``path`` and return its path as a string."""
+                     extra: str = "", column_type: str | None = "double") -> str:
+    """Write a CSV-input job config to ``path`` and return its path as a string
+    (``column_type``: the value column's type in ``input.schema``; None: no schema)."""
     lines = ["[input]", 'format = "csv"', f'path = "{data}"', f'column = "{column}"']
+    if column_type is not None:
+        lines.append(f'schema = {{ "{column}" = "{column_type}" }}')
     if group_by is not None:
         lines.append("group_by = [" + ", ".join(f'"{g}"' for g in group_by) + "]")
     if keys is not None:

@@ -26,7 +26,8 @@ def valid() -> dict:
     return {
         "job": {"name": "t"},
         "input": {"format": "csv", "path": DATA, "column": "average_rating",
-                  "group_by": ["language_code"], "csv": {"mode": "DROPMALFORMED"}},
+                  "group_by": ["language_code"], "schema": {"average_rating": "double"},
+                  "csv": {"mode": "DROPMALFORMED"}},
         "groups": {"keys": ["eng", "spa"]},
         "release": {"quantiles": "deciles", "epsilon": 1.0, "lower": 0.0, "upper": 5.0},
         "output": {"path": "/tmp/dpq-test-out", "format": "csv", "mode": "error"},
@@ -88,6 +89,7 @@ def test_load_and_override(tmp_path, monkeypatch):
     path = conf / "job.toml"
     path.write_text(
         '[input]\nformat="csv"\npath="%s"\ncolumn="average_rating"\n'
+        'schema={average_rating="double"}\n'
         '[release]\nquantiles=[0.5]\nepsilon=1.0\nlower=0\nupper=5\n'
         '[output]\npath="../out/{timestamp}"\n'
         '[ledger]\npath="l.sqlite"\ndataset_id="d"\nepsilon_cap=2\n' % DATA)
@@ -164,9 +166,9 @@ CASES = [
     ("path not found", lambda r: r["input"].update(path="/nonexistent/x.csv"), r"`input.path` .* does not exist"),
     ("table with path", lambda r: r["input"].update(format="table", table="db.t"), r"`input.path` must not be set"),
     ("path with table", lambda r: r["input"].update(table="db.t"), r"`input.table` must not be set"),
-    ("csv options on parquet", lambda r: r["input"].update(format="parquet"), r"only for `input.format` 'csv'"),
+    ("csv options on parquet", lambda r: (r["input"].pop("schema"), r["input"].update(format="parquet")), r"only for `input.format` 'csv'"),
     ("bad csv mode", lambda r: r["input"]["csv"].update(mode="LENIENT"), r"`input.csv.mode` must be one of"),
-    ("csv schema given", lambda r: r["input"]["csv"].update(schema="a int"), r"`input.csv.schema` is set by the job"),
+    ("csv schema given", lambda r: r["input"]["csv"].update(schema="a int"), r"`input.csv.schema` is not allowed: declare the types in `input.schema`"),
     ("group_by without keys", lambda r: r.pop("groups"), r"needs public keys in \[groups\]"),
     ("groups without group_by", lambda r: r["input"].update(group_by=[]), r"`input.group_by` is empty"),
     ("two key sources", lambda r: r["groups"].update(table="k"), r"exactly one of"),
@@ -201,7 +203,7 @@ CASES = [
     ("swap with groups", lambda r: r["release"].update(neighboring="swap"), r"supported only without `input.group_by`"),
     ("delta with public keys", lambda r: (r["release"].update(delta=1e-6), r["ledger"].update(delta_cap=1e-5)), r"`release.delta` is only for DP partition selection"),
     ("bad mechanism", lambda r: r["release"].update(mechanism="laplace"), r"`release.mechanism` must be one of"),
-    ("missing output path", lambda r: r["output"].pop("path"), r"`output.path` is required"),
+    ("missing output path", lambda r: r["output"].pop("path"), r"needs `output.path` \(a directory\), `output.table`"),
     ("bad placeholder", lambda r: r["output"].update(path="out/{date}"), r"placeholder \{timestamp\}"),
     ("bad output format", lambda r: r["output"].update(format="xlsx"), r"`output.format` must be one of"),
     ("append mode", lambda r: r["output"].update(mode="append"), r"`output.mode` must be one of"),

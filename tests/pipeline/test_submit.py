@@ -86,6 +86,7 @@ def _job_toml(tmp_path, url, out):
 format = "csv"
 path = "{data}"
 column = "v"
+schema = {{ v = "double" }}
 [release]
 quantiles = "median"
 epsilon = 1.0
