@@ -72,8 +72,9 @@ def create_dataframe(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
     """A DataFrame over the local rows of ``table`` (column names and order as in ``schema``)."""
     if _SPARK4:
         return spark.createDataFrame(table, schema=schema)
-    if any(pa.types.is_floating(c.type) and pc.any(pc.is_nan(c)).as_py() for c in table.columns):
-        # pandas -> Arrow would turn NaN into null: go through Python rows (NaN stays NaN)
+    if any(_holds_nan(c) for c in table.columns):
+        # pandas -> Arrow would turn NaN into null (also inside arrays: the wide layout of a
+        # group flagged bounds_not_found): go through Python rows (NaN stays NaN)
         rows = [tuple(r[name] for name in table.column_names) for r in table.to_pylist()]
         return spark.createDataFrame(rows, schema=schema)
     # integer_object_nulls: an integer column with a null stays integers (float64 would round)
@@ -81,6 +82,13 @@ def create_dataframe(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
     if len(pdf) == 0:
         return spark.createDataFrame([], schema=schema)
     return spark.createDataFrame(pdf, schema=schema)
+
+
+def _holds_nan(column) -> bool:
+    """Whether a floating column, or a list column of floats, holds a NaN."""
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        column = pc.list_flatten(column)
+    return pa.types.is_floating(column.type) and bool(pc.any(pc.is_nan(column)).as_py())
 
 
 def arrow_type(data_type: T.DataType) -> pa.DataType:
