@@ -118,9 +118,11 @@ def check_unit(dataset_id: str, unit: PrivacyUnit, column: str | None, neighbori
 
 
 def stored_release(ledger: Ledger, dataset_id: str, name: str, parameters: dict, *,
-                   what: str, rename: str) -> LedgerRecord | None:
+                   what: str, rename: str,
+                   usable: tuple[str, ...] = ("committed",)) -> LedgerRecord | None:
     """The committed release of ``dataset_id`` called ``name`` made with ``parameters``, or
-    ``None`` when there is none.
+    ``None`` when there is none. ``usable``: the statuses it may have (an interactive session
+    that is still running, ``"spent"``, can be resumed).
 
     ``what`` names the release in messages (``"run '2026-12-01' of job 'nightly'"``),
     ``rename`` says how to choose another name.
@@ -140,7 +142,7 @@ def stored_release(ledger: Ledger, dataset_id: str, name: str, parameters: dict,
     if differ:
         raise DPQValueError(f"{what} was released before (ledger record {record.id}) with other "
                             f"parameters ({', '.join(differ)} differ); {rename}")
-    if record.status != "committed":
+    if record.status not in usable:
         raise LedgerError(f"{what} (ledger record {record.id}) is {record.status!r}: it was "
                           "charged but never committed (it may still be running, or it failed); "
                           f"releasing it again would draw a second answer ({rename})")

@@ -296,9 +296,12 @@ class BudgetSession:
         if name is not None:
             if not isinstance(name, str) or not name.strip():
                 raise DPQValueError(f"`name` must be a non-empty string, got {name!r}")
-            record = self._ledger.named(self.dataset, name)
+            record = stored_release(
+                self._ledger, self.dataset, name, params, usable=("spent", "committed"),
+                what=f"the release named {name!r} of dataset {self.dataset!r}",
+                rename="give this session another name")
             if record is not None:
-                return self._resume(record, name, params, open_session)
+                return self._resume(record, name, open_session)
         with reserved(self._ledger, self.dataset, by=f"session {self.dataset}",
                       epsilon=float(epsilon), delta=0.0, mechanism="median_mechanism",
                       parameters=params, name=name) as charge, charge.spending():
@@ -309,14 +312,8 @@ class BudgetSession:
                  repr(name) if name is not None else "(unnamed)", charge.id, session.epsilon)
         return session
 
-    def _resume(self, record, name: str, params: dict, open_session):
-        differ = record.differing_parameters(params)
-        if differ:
-            raise DPQValueError(
-                f"the release named {name!r} of dataset {self.dataset!r} was released before "
-                f"(ledger record {record.id}) with other parameters ({', '.join(differ)} "
-                "differ); give this session another name")
-        if record.mechanism != "median_mechanism" or record.status not in ("spent", "committed"):
+    def _resume(self, record, name: str, open_session):
+        if record.mechanism != "median_mechanism":
             raise LedgerError(
                 f"the release named {name!r} (ledger record {record.id}, {record.status}) is "
                 "not a median-mechanism session that can be resumed")
