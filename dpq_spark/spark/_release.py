@@ -29,6 +29,7 @@ from dpq_spark.core.quantiles.coarse_bands import (
     COARSE_SHIFT,
     coarse_midpoints,
     coarse_of,
+    grid_coarse_shift,
     reachable,
     represent,
 )
@@ -202,9 +203,7 @@ def coarse_shift(params: ReleaseParams) -> int:
     """The cells ``k >> shift`` the coarse-cell mechanisms see: ``COARSE_SHIFT`` on the default
     grid; on a declared grid of N steps the shift that leaves at most 2**20 cells (0, the grid
     itself, up to N = 2**20 - 1). Public: a function of the grid."""
-    if params.granularity is None:
-        return COARSE_SHIFT
-    return max(0, _grid(params).steps.bit_length() - 20)
+    return grid_coarse_shift(_grid(params).steps, params.granularity is not None)
 
 
 def _start_group(n: int, units, key_hash, params: ReleaseParams):
@@ -364,7 +363,7 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
                 values = _run_coarse(name, *_to_coarse(k, w, shift), source, eps, params, shift)
                 out.append((gid, values, name))
                 continue
-            if name == "joint_exp" and params.base_seed is None and params.granularity is None:
+            if name == "joint_exp" and params.base_seed is None:
                 together.setdefault(eps, []).append((gid, k, w))
                 continue
             out.append((gid, _run_fine(name, k, w, source, eps, params), name))
@@ -384,15 +383,16 @@ def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
     :func:`_run_fine` per group (per-key draws)."""
     return release_many(groups, params.quantiles, epsilon=epsilon, lower=params.lower,
                         upper=params.upper, neighboring=params.neighboring,
-                        mechanism="joint_exp", grid_indices=True).values
+                        mechanism="joint_exp", grid_indices=True,
+                        granularity=params.granularity).values
 
 
 def _batchable(params: ReleaseParams) -> bool:
     """Whether groups can be released together by :func:`dpq_spark.core.quantiles.batch.release_many`:
     public parameters only (production randomness, no partition selection, a mechanism it
-    covers, bounds given)."""
+    covers, bounds given; the default or a declared grid)."""
     return (params.base_seed is None and params.threshold is None and not params.bounds_free
-            and params.mechanism in BATCH_MECHANISMS and params.granularity is None)
+            and params.mechanism in BATCH_MECHANISMS)
 
 
 def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
@@ -413,7 +413,8 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
         groups = FlatGroups(index[a:b], counts[a:b], np.append(starts[lo:hi], b) - a)
         got = release_many(groups, q, epsilon=params.epsilon, lower=params.lower,
                            upper=params.upper, neighboring=params.neighboring,
-                           mechanism=params.mechanism, grid_indices=True, coarse_cells=True)
+                           mechanism=params.mechanism, grid_indices=True, coarse_cells=True,
+                           granularity=params.granularity)
         out += zip(gids[lo:hi], got.values, got.mechanisms)
     return out
 

@@ -285,6 +285,38 @@ def test_unseeded_fold_releases_groups_in_batches_with_the_per_group_data(monkey
         assert np.array_equal(*rank), (g, mechanism)
 
 
+@pytest.mark.parametrize("mechanism", ["auto", "joint_exp", "ind_exp", "approx_quantiles",
+                                       "agg_tree", "histogram"])
+def test_unseeded_fold_on_a_declared_grid_releases_in_batches(monkeypatch, mechanism):
+    """An integral column's grid (granularity 1) goes through release_many too, with the
+    declared grid: every release is an integer of the bounds and, at a huge epsilon, JointExp,
+    IndExp and ApproxQuantiles (and auto, which picks among them here) put each decile inside the
+    tie block its rank falls in, as the core does on the jittered grid data."""
+    gen = np.random.default_rng(12)
+    groups = [np.sort(gen.integers(0, 101, size)) for size in (40, 300, 2000)]
+    calls = []
+    real = _release.release_many
+    monkeypatch.setattr(_release, "release_many",
+                        lambda *a, **kw: calls.append(kw.get("granularity")) or real(*a, **kw))
+    q = tuple(np.arange(1, 10) / 10)
+    fold = _fold.Fold(1 << 22)
+    for gid, k in enumerate(groups):
+        fold.add((np.int64(gid) << 33) + k.astype(np.int64))
+    fold.finish()
+    params = _params(epsilon=1e9, quantiles=q, mechanism=mechanism, lower=0.0, upper=100.0,
+                     granularity=1.0)
+    out = _fold_release(fold, params)
+    assert calls == [1.0], "the unseeded fold did not hand its declared grid to release_many"
+    for g, data in enumerate(groups):
+        values, name = out[g]
+        assert name != "bounds_not_found" and np.array_equal(values, np.round(values))
+        assert all(0 <= v <= 100 for v in values)
+        if name in ("joint_exp", "ind_exp", "approx_quantiles"):
+            low = np.quantile(data, q, method="inverted_cdf")
+            high = np.quantile(data, q, method="higher")
+            assert np.all((np.array(values) >= low) & (np.array(values) <= high)), (g, name)
+
+
 @pytest.mark.parametrize("mechanism", ["approx_quantiles", "agg_tree"])
 def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
     """coarse_cells=True feeds ApproxQuantiles/AggTree each row at its coarse cell's

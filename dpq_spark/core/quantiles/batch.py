@@ -89,7 +89,7 @@ from dpq_spark.core.randomness.dlap_table import dlap_table
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles._sorted_data import sort_data
-from dpq_spark.core.quantiles.coarse_bands import coarse_midpoints, coarse_of
+from dpq_spark.core.quantiles.coarse_bands import coarse_midpoints, coarse_of, grid_coarse_shift
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS
 from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
@@ -97,7 +97,14 @@ from dpq_spark.core.quantiles.approx_quantiles import _sensitivity as _approx_se
 from dpq_spark.core.quantiles.approx_quantiles import recursion_depth
 from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
 from dpq_spark.core.errors import DPQValueError
-from dpq_spark.core.randomness.grid import Grid, draw_index, draw_index_rows, uniform_multiset, uniform_multisets
+from dpq_spark.core.randomness.grid import (
+    Grid,
+    draw_index,
+    draw_index_rows,
+    jitter_indices,
+    uniform_multiset,
+    uniform_multisets,
+)
 from dpq_spark.core.quantiles._logscan import lgamma
 from dpq_spark.core.quantiles.joint_exp import _LOG_BAND_TOL, _bands, _grid_cells, _tie_rank
 from dpq_spark.core.quantiles.joint_exp_many import CELLS_HELD
@@ -145,7 +152,7 @@ class BatchRelease(NamedTuple):
 
 def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_remove",
                  mechanism="auto", rng=None, count_share=DEFAULT_COUNT_SHARE, branching=16,
-                 height=4, grid_indices=False, coarse_cells=False) -> BatchRelease:
+                 height=4, grid_indices=False, coarse_cells=False, granularity=None) -> BatchRelease:
     """Release the quantiles of many disjoint groups, each with its mechanism's own distribution.
 
     Parameters
@@ -161,8 +168,9 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     epsilon : float
         Each group's budget, finite and > 0.
     lower, upper : float
-        Public, finite bounds with ``lower < upper``; releases lie on the default grid
-        ``Grid(lower, upper)`` (2**32 steps), as in the per-group core mechanisms.
+        Public, finite bounds with ``lower < upper``; releases lie on the grid
+        ``Grid(lower, upper, granularity)`` (without ``granularity`` the default grid of 2**32
+        steps), as in the per-group core mechanisms.
     neighboring : {"add_remove", "swap"} or NeighboringRelation
     mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram"}
         ``"auto"`` (default) is :func:`dpq_spark.core.auto` per group: under add/remove a noisy
@@ -182,11 +190,22 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         use them as they are; AggTree gets their grid values ``Grid.value(k)`` (whose snap is k
         again), exactly as the core mechanisms called on those values.
     coarse_cells : bool
-        Only with ``grid_indices=True``: groups whose mechanism is ApproxQuantiles or AggTree
-        get every index ``k`` moved to its coarse cell's representative index
-        (:func:`dpq_spark.core.quantiles.coarse_bands.coarse_midpoints` of ``k >> 12``), a per-record map
-        of public constants, as the Spark layer feeds those two mechanisms; JointExp and IndExp
-        keep the exact indices. The choice is made after auto's noisy count, per group.
+        Only with ``grid_indices=True``: groups whose mechanism is ApproxQuantiles, AggTree or
+        the histogram get every index ``k`` moved to its coarse cell's representative index
+        (:func:`dpq_spark.core.quantiles.coarse_bands.coarse_midpoints` of ``k >> shift``, the
+        shift of :func:`~dpq_spark.core.quantiles.coarse_bands.grid_coarse_shift`: 12 on the
+        default grid, 0 on a declared grid of fewer than 2**20 steps), a per-record map of
+        public constants, as the Spark layer feeds those mechanisms; JointExp and IndExp keep
+        the exact indices. The choice is made after auto's noisy count, per group.
+    granularity : float, optional
+        The declared step of the grid (public: from the column's type or the user), finite and
+        > 0, at most 2**32 steps between the bounds. Each group then gets exactly what the core
+        mechanism called with this ``granularity`` gives it alone: ``"auto"`` reads the grid
+        (:func:`~dpq_spark.core.quantiles.choose.choose_mechanism`'s ``grid_size`` and
+        ``granularity``); JointExp, IndExp and ApproxQuantiles run on one independent per-row
+        jitter of the group's grid indices inside their cells
+        (:func:`~dpq_spark.core.randomness.grid.jitter_indices`, no privacy cost) and round their
+        draws back to the grid; AggTree and the histogram round to the declared grid.
 
     Returns
     -------
@@ -214,7 +233,7 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     """
     eps = check_epsilon(epsilon)
     q = check_quantiles(quantiles)
-    grid = Grid(lower, upper)  # checks `lower` and `upper`
+    grid = Grid(lower, upper, granularity)  # checks `lower`, `upper` and `granularity`
     relation = NeighboringRelation.parse(neighboring)
     if not isinstance(mechanism, str) or mechanism not in BATCH_MECHANISMS:
         allowed = ", ".join(repr(k) for k in BATCH_MECHANISMS)
@@ -248,7 +267,7 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     cum = np.concatenate(([0], np.cumsum(counts)))
     n = cum[bounds[1:]] - cum[bounds[:-1]]  # private: used inside the mechanisms only
     if mechanism == "auto":
-        names, mech_eps = _auto_names(n, m, eps, relation, share, source)
+        names, mech_eps = _auto_names(n, m, eps, relation, share, source, grid, granularity)
     else:
         names, mech_eps = [mechanism] * G, eps
     values = np.empty((G, m), dtype=np.float64)
@@ -258,7 +277,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         snapped = grid.snap(x)
     coarse_x = coarse_k = None
     if coarse_cells and any(name in _COARSE_MECHANISMS for name in names):
-        coarse_k = coarse_midpoints(coarse_of(snapped), grid.steps)
+        shift = grid_coarse_shift(grid.steps, granularity is not None)
+        coarse_k = coarse_midpoints(coarse_of(snapped, shift), grid.steps, shift)
         coarse_x = grid.value(coarse_k)
     by_name: dict[str, list[int]] = {}
     for g, name in enumerate(names):
@@ -273,18 +293,36 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,
                                          mech_eps, grid, relation, *shape, source)
             continue
-        if name == "joint_exp":
-            values[members] = grid.value(_joint_exps(snapped, counts, bounds, members, q, mech_eps,
-                                                     relation, grid.size, source))
-            continue
-        if name == "approx_quantiles":
-            values[members] = grid.value(_approx_many(coarse_k if coarse else snapped, counts,
-                                                      bounds, members, q, mech_eps, relation,
-                                                      grid.size - 1, source))
-            continue
-        values[members] = grid.value(_ind_exp_many(snapped, counts, bounds, members, q, mech_eps,
-                                                   relation, grid.size, source))  # ind_exp
+        k, k_counts, k_bounds, rows = coarse_k if coarse else snapped, counts, bounds, members
+        if grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
+            k, k_counts, k_bounds = _jittered(k, counts, bounds, members, grid, source)
+            rows = np.arange(members.size)
+        run = {"joint_exp": _joint_exps, "approx_quantiles": _approx_many,
+               "ind_exp": _ind_exp_many}[name]
+        size = grid.fine_size - 1 if name == "approx_quantiles" else grid.fine_size
+        values[members] = grid.release(run(k, k_counts, k_bounds, rows, q, mech_eps, relation,
+                                           size, source))
     return BatchRelease(values, names)
+
+
+def _jittered(k, counts, bounds, members, grid: Grid, source):
+    """The groups ``members``' grid indices jittered inside their cells, one independent draw per
+    row (:func:`~dpq_spark.core.randomness.grid.jitter_indices`, as the core mechanisms do with a
+    declared ``granularity``): ``(fine indices, counts, bounds)`` of the same groups in the same
+    order (group ``i`` of the result is ``members[i]``), each group's fine indices sorted and
+    distinct with their multiplicities."""
+    local, rows = _member_rows(bounds, members)
+    c = counts[rows].astype(np.int64)
+    f = jitter_indices(k[rows], c, grid.jitter, grid, source)
+    g = np.repeat(local, c)
+    order = np.lexsort((f, g))
+    f, g = f[order], g[order]
+    new = np.ones(f.size, dtype=bool)
+    new[1:] = (g[1:] != g[:-1]) | (f[1:] != f[:-1])
+    at = np.flatnonzero(new)
+    f_counts = np.diff(np.append(at, f.size))
+    f_bounds = np.searchsorted(g[at], np.arange(members.size + 1)).astype(np.int64)
+    return f[at], f_counts, f_bounds
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,14 +370,17 @@ def _check_groups(groups, keep_integers=False):
     return x, counts, bounds
 
 
-def _auto_names(n, m, eps, relation, share, source):
-    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon."""
+def _auto_names(n, m, eps, relation, share, source, grid: Grid, granularity):
+    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon,
+    by :func:`~dpq_spark.core.quantiles.choose.choose_mechanism` with the public grid's size and
+    declared step, as :func:`~dpq_spark.core.quantiles.choose.plan_auto` calls it."""
     if relation is NeighboringRelation.SWAP:
         n_used, rest = n, eps
     else:
         noisy = n + dlap_table(dlap_scale(1, share * eps)).sample(source, n.size)
         n_used, rest = np.maximum(noisy, 0), (1.0 - share) * eps
-    choice = {int(v): choose_mechanism(m, n=float(v), epsilon=rest) for v in np.unique(n_used)}
+    choice = {int(v): choose_mechanism(m, n=float(v), epsilon=rest, grid_size=grid.size,
+                                       granularity=granularity) for v in np.unique(n_used)}
     return [choice[int(v)] for v in n_used], rest
 
 

@@ -88,7 +88,7 @@ import numpy as np
 
 from dpq_spark.core.quantiles._logscan import lgamma
 
-__all__ = ["FINE_STEPS", "COARSE_SHIFT", "coarse_of", "coarse_midpoints", "reachable",
+__all__ = ["FINE_STEPS", "COARSE_SHIFT", "coarse_of", "grid_coarse_shift", "coarse_midpoints", "reachable",
            "settle", "spread_evenly", "represent", "log_box_bound", "BAND_LOG_TOL"]
 
 FINE_STEPS = 2**32  # N of the default Grid(lower, upper)
@@ -100,6 +100,16 @@ BAND_LOG_TOL = 60 * math.log(2.0)
 def coarse_of(k, shift: int = COARSE_SHIFT) -> np.ndarray:
     """Coarse cell of grid indices: ``k >> shift``."""
     return np.asarray(k, dtype=np.int64) >> shift
+
+
+def grid_coarse_shift(steps: int, declared: bool) -> int:
+    """The shift of the coarse cells ``k >> shift`` that ApproxQuantiles and AggTree see on a grid
+    of ``steps`` steps: ``COARSE_SHIFT`` on the default grid (``declared`` False), and on a
+    declared grid the shift that leaves at most 2**20 cells (0, the grid itself, up to
+    ``steps = 2**20 - 1``). Public: a function of the grid."""
+    if not declared:
+        return COARSE_SHIFT
+    return max(0, int(steps).bit_length() - 20)
 
 
 def coarse_midpoints(cells, steps: int = FINE_STEPS, shift: int = COARSE_SHIFT) -> np.ndarray:

@@ -1,0 +1,135 @@
+"""release_many on a declared grid (``granularity``): each group has the law of the core
+mechanism called on it alone with the same ``granularity``.
+
+On a grid of nine integer points every release is a tuple of grid points, so the batch's draws
+and the core's are compared outcome by outcome (chi-square homogeneity at fixed seeds); the same
+comparison rejects the batch run at a wrong epsilon and the batch run without the declared grid.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from dpq_spark.core import agg_tree, approx_quantiles, histogram, ind_exp, joint_exp
+from dpq_spark.core.quantiles.batch import FlatGroups, release_many
+from dpq_spark.core.quantiles.choose import choose_mechanism
+from dpq_spark.core.randomness.grid import Grid
+
+LOWER, UPPER, STEP = 0.0, 8.0, 1.0
+Q3 = np.array([0.25, 0.5, 0.75])
+ALPHA = 1e-3
+DRAWS = 1500
+# tied integer data (the case the jitter is for), two distinct points, and an empty group
+GROUPS = [
+    (np.array([2.0, 3.0, 5.0, 7.0]), np.array([2, 1, 3, 1])),
+    (np.array([1.0, 4.0]), np.array([1, 1])),
+    (np.zeros(0), np.zeros(0, dtype=np.int64)),
+]
+TREE = dict(branching=2, height=3)
+CORE = {"joint_exp": joint_exp, "ind_exp": ind_exp, "approx_quantiles": approx_quantiles,
+        "agg_tree": agg_tree, "histogram": histogram}
+
+
+def _batch(mechanism, epsilon, seed, granularity=STEP, relation="add_remove"):
+    extra = TREE if mechanism == "agg_tree" else {}
+    out = release_many(GROUPS * DRAWS, Q3, epsilon=epsilon, lower=LOWER, upper=UPPER,
+                       neighboring=relation, mechanism=mechanism, granularity=granularity,
+                       rng=np.random.default_rng(seed), **extra)
+    return [out.values[i::len(GROUPS)] for i in range(len(GROUPS))]
+
+
+def _core(mechanism, group, epsilon, seed, relation="add_remove"):
+    extra = TREE if mechanism == "agg_tree" else {}
+    rng = np.random.default_rng(seed)
+    values, counts = group
+    return np.array([CORE[mechanism](values, Q3, epsilon=epsilon, lower=LOWER, upper=UPPER,
+                                     neighboring=relation, counts=counts, granularity=STEP,
+                                     rng=rng, **extra) for _ in range(DRAWS)])
+
+
+def _pvalue(a, b) -> float:
+    """Chi-square homogeneity of two samples of output tuples (cells seen under 10 times pooled)."""
+    ca, cb = Counter(map(tuple, a.tolist())), Counter(map(tuple, b.tolist()))
+    keys = sorted(set(ca) | set(cb))
+    ta = np.array([ca[k] for k in keys], dtype=float)
+    tb = np.array([cb[k] for k in keys], dtype=float)
+    small = (ta + tb) < 10
+    ta, tb = np.append(ta[~small], ta[small].sum()), np.append(tb[~small], tb[small].sum())
+    keep = (ta + tb) > 0
+    if keep.sum() < 2:
+        return 1.0 if np.array_equal(ta, tb) else 0.0
+    return chi2_contingency(np.vstack([ta[keep], tb[keep]]))[1]
+
+
+@pytest.mark.parametrize("mechanism, relation", [
+    ("joint_exp", "add_remove"), ("joint_exp", "swap"), ("ind_exp", "add_remove"),
+    ("approx_quantiles", "swap"), ("agg_tree", "add_remove"), ("histogram", "add_remove")])
+def test_each_group_has_the_law_of_the_core_on_the_declared_grid(mechanism, relation):
+    eps = 2.0 if mechanism in ("agg_tree", "histogram") else 1.0
+    batch = _batch(mechanism, eps, seed=3, relation=relation)
+    for i, group in enumerate(GROUPS[:2]):
+        out = batch[i]
+        assert np.array_equal(out, np.round(out)), "releases on an integer grid are integers"
+        assert np.all((out >= LOWER) & (out <= UPPER)) and np.all(np.diff(out, axis=1) >= 0)
+        core = _core(mechanism, group, eps, seed=10 + i, relation=relation)
+        assert _pvalue(out, core) > ALPHA, (mechanism, i)
+
+
+@pytest.mark.parametrize("mechanism", ["joint_exp", "approx_quantiles"])
+def test_the_comparison_rejects_a_wrong_epsilon_and_a_missing_grid(mechanism):
+    core = _core(mechanism, GROUPS[0], 1.0, seed=10)
+    assert _pvalue(_batch(mechanism, 2.0, seed=3)[0], core) < ALPHA  # twice the budget
+    # the default grid: no jitter of ties, outputs off the integers
+    assert _pvalue(_batch(mechanism, 1.0, seed=3, granularity=None)[0], core) < ALPHA
+
+
+def test_jitter_keeps_the_groups_apart_and_in_order():
+    """Grid indices with counts (the Spark fold's input), groups of different sizes and an empty
+    one in between: every row is jittered inside its own cell and stays in its own group, so at
+    a huge epsilon each group's deciles are its own tied values."""
+    gen = np.random.default_rng(8)
+    groups = [np.sort(gen.integers(0, 101, size)) for size in (50, 0, 400, 90)]
+    k = [np.unique(g, return_counts=True) for g in groups]
+    flat = FlatGroups(np.concatenate([u for u, _ in k]), np.concatenate([c for _, c in k]),
+                      np.cumsum([0] + [len(u) for u, _ in k]))
+    q = np.arange(1, 10) / 10
+    out = release_many(flat, q, epsilon=1e6, lower=0.0, upper=100.0, mechanism="joint_exp",
+                       granularity=1.0, grid_indices=True, rng=np.random.default_rng(2)).values
+    for g, data in enumerate(groups):
+        if data.size == 0:
+            assert np.array_equal(out[g], np.round(out[g]))
+            continue
+        # a quantile whose rank falls inside a tie block is released as the tied value
+        low = np.quantile(data, q, method="inverted_cdf")
+        high = np.quantile(data, q, method="higher")
+        assert np.all((out[g] >= low - 1) & (out[g] <= high + 1)), g
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+def test_auto_reads_the_declared_grid(relation):
+    """Under swap n is public, so auto's choice per group is the typed rule's at that n; at these
+    sizes the rule without the grid picks otherwise (so the test sees a missing grid)."""
+    m, eps = 3, 1.0
+    sizes = [1000, 20_000]
+    groups = [(np.full(1, 50.0), np.array([n])) for n in sizes]
+    got = release_many(groups, Q3, epsilon=eps, lower=0.0, upper=100.0, neighboring=relation,
+                       mechanism="auto", granularity=1.0, rng=np.random.default_rng(1))
+    grid = Grid(0.0, 100.0, 1.0)
+    for n, name in zip(sizes, got.mechanisms):
+        typed = choose_mechanism(m, n=n, epsilon=eps if relation == "swap" else 0.95 * eps,
+                                 grid_size=grid.size, granularity=1.0)
+        assert typed != choose_mechanism(m, n=n, epsilon=eps)
+        # under add/remove the rule reads a noisy count (scale 20): the same choice at these n
+        assert name == typed
+    assert np.all(got.values == 50.0)
+
+
+def test_granularity_is_validated_before_any_draw():
+    with pytest.raises(ValueError, match="granularity"):
+        release_many(GROUPS, Q3, epsilon=1.0, lower=LOWER, upper=UPPER, granularity=-1.0)
+    with pytest.raises((TypeError, ValueError), match="granularity"):
+        release_many(GROUPS, Q3, epsilon=1.0, lower=LOWER, upper=UPPER, granularity="1")
