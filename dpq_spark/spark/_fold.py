@@ -21,9 +21,10 @@ __all__ = ["FOLD_BUDGET", "SPILL_SHRINK", "Fold", "CodeCounter", "run_starts", "
 FOLD_BUDGET = 1 << 21
 
 
-#: A fold past its budget spills only when its coarse counts would be at most this fraction of
-#: its fine counts; otherwise the spill would hold as many counts as it frees, and the budget
-#: doubles instead (copied into ``ReleaseParams.spill_shrink``; tests set 1.0 to force spills).
+#: A fold past its budget spills to coarse counts only when they would be at most this
+#: fraction of its fine counts; otherwise the coarse counts would hold as many as they free, and
+#: the fold writes its fine counts out as a sorted run instead (copied into
+#: ``ReleaseParams.spill_shrink``; tests set 1.0 to force coarse spills).
 SPILL_SHRINK = 0.5
 
 
@@ -150,11 +151,17 @@ class Fold:
 
     Codes are ``gid * 2**33 + k`` (``k`` the index on the default grid, at most ``2**32``).
     While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
-    it the fold *spills* if the spill saves memory, that is if the distinct (group, coarse cell
-    ``k >> 12``) codes are at most ``shrink`` times the distinct codes; otherwise (values
-    spread over more cells than they fill, as 1e4 rows a group over a span of 2**20 coarse
-    cells) the coarse counts would be as many as the fine ones, so the budget doubles and the
-    test is made again when it is reached. A spilled fold appends the codes to a temporary file
+    it the fold either *spills* to coarse counts, if that saves memory (the distinct (group,
+    coarse cell ``k >> 12``) codes are at most ``shrink`` times the distinct codes: a few
+    groups with many rows each), or writes *sorted runs*: its distinct codes and counts go to a
+    temporary file as one sorted run, memory is emptied, and every later time the budget is
+    reached another run follows (values spread over more cells than they fill, as many groups
+    of 1e2 to 1e4 rows: the coarse counts would be as many as the fine ones). A fold with runs
+    is read back by :meth:`slices`, a merge of the runs in code order, which yields the whole
+    groups a few at a time as unspilled folds of about ``budget`` codes, so the partition's
+    groups are released as they complete and memory stays about the budget and the merge's
+    read buffers whatever the number of groups (a single group with more distinct codes than
+    the budget is held whole). A spilled fold appends the codes to a temporary file
     in the worker's temp directory (deleted by :meth:`close`) in chunks of up to
     ``_COMPACT_ROWS`` rows, each stored as raw codes (8 bytes a row) or as distinct (code,
     count) pairs when that is smaller, and memory keeps only counts per (group, coarse cell),
@@ -175,6 +182,13 @@ class Fold:
         self.fine = CodeCounter()
         self.coarse: CodeCounter | None = None
         self._spill = None
+        self._run_file = None  # the sorted runs, when the fold writes runs
+        self._runs: list[tuple[int, int]] = []  # (offset, pairs) of each run in that file
+
+    @property
+    def has_runs(self) -> bool:
+        """Whether the fold wrote sorted runs (read it with :meth:`slices`)."""
+        return bool(self._runs)
 
     @property
     def spilled(self) -> bool:
@@ -201,22 +215,136 @@ class Fold:
         if self._spill is None:
             self.fine.compact()
             if self.fine.codes.size > self.budget:
-                self._over_budget()
+                self._over_budget(final=True)
         self._flush()
         if self.coarse is not None:
             self.coarse.compact()
 
-    def _over_budget(self) -> None:
+    def _over_budget(self, final: bool = False) -> None:
         """Spill if the coarse counts would be at most ``shrink`` times the fine ones, else
-        double the budget."""
-        coarse = self.coarse_code(self.fine.codes)  # sorted, as the fine codes are
-        distinct = 1 + int(np.count_nonzero(coarse[1:] != coarse[:-1]))  # fine codes: >= 1
-        del coarse
-        if distinct <= self.shrink * self.fine.codes.size:
-            self._start_spill()
-        else:
-            while self.budget < self.fine.codes.size:
-                self.budget *= 2
+        write the fine counts out as a sorted run (and every later time the budget is
+        reached). At the end (``final``) codes that need no coarse spill stay in memory: they
+        are the last piece :meth:`slices` merges."""
+        if final and self._runs:
+            return
+        if not self._runs:
+            coarse = self.coarse_code(self.fine.codes)  # sorted, as the fine codes are
+            distinct = 1 + int(np.count_nonzero(coarse[1:] != coarse[:-1]))  # fine codes: >= 1
+            del coarse
+            if distinct <= self.shrink * self.fine.codes.size:
+                self._start_spill()
+                return
+            if final:
+                return
+            self._run_file = tempfile.TemporaryFile(prefix="dpq_runs_")
+        self._write_run(self.fine.codes, self.fine.counts)
+        self.fine = CodeCounter()
+
+    def _write_run(self, codes, counts) -> None:
+        f = self._run_file
+        f.seek(0, 2)
+        self._runs.append((f.tell(), int(codes.size)))
+        f.write(np.ascontiguousarray(codes, dtype=np.int64).tobytes())
+        f.write(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
+
+    def _run_chunks(self, offset: int, pairs: int, chunk: int):
+        """One run's (codes, counts), read back ``chunk`` pairs at a time."""
+        f = self._run_file
+        for at in range(0, pairs, chunk):
+            size = min(chunk, pairs - at)
+            f.seek(offset + 8 * at)
+            codes = np.frombuffer(f.read(8 * size), dtype=np.int64)
+            f.seek(offset + 8 * (pairs + at))
+            counts = np.frombuffer(f.read(8 * size), dtype=np.int64)
+            yield codes, counts
+
+    def slices(self):
+        """The fold's whole groups, in gid order, as unspilled folds (:meth:`groups`,
+        :meth:`arrays`) of about ``budget`` distinct codes each (one group larger than that is
+        one slice). Without runs this is the fold itself.
+
+        With runs: a merge of the runs and the codes still in memory, each read ``chunk`` pairs
+        at a time. The codes below the smallest last gid among the buffers of the runs not yet
+        read to their end are complete (every run is sorted), so they are merged (equal codes
+        of different runs summed), and the buffer that holds that gid reads its next chunk."""
+        if not self._runs:
+            if self._spill is None:
+                self.fine.compact()
+            yield self
+            return
+        self.fine.compact()
+        self._run_file.flush()
+        sources = len(self._runs) + 1
+        chunk = max(1 << 16, self.budget // (2 * sources))
+        readers = [self._run_chunks(off, pairs, chunk) for off, pairs in self._runs]
+        readers.append(iter([(self.fine.codes, self.fine.counts)]))
+        self.fine = CodeCounter()
+        bufs = [[np.zeros(0, np.int64), np.zeros(0, np.int64), r] for r in readers]
+        for b in bufs:  # [codes, counts, reader or None when read to its end]
+            self._refill(b, None)
+        bufs = [b for b in bufs if b[0].size]
+        pending, held = [], 0
+        while bufs:
+            live = [b for b in bufs if b[2] is not None]
+            limit = min(int(b[0][-1]) >> self.SHIFT for b in live) if live else None
+            cut = None if limit is None else limit << self.SHIFT
+            codes, counts = [], []
+            for b in bufs:
+                i = b[0].size if cut is None else int(np.searchsorted(b[0], cut))
+                if i:
+                    codes.append(b[0][:i])
+                    counts.append(b[1][:i])
+                    b[0], b[1] = b[0][i:], b[1][i:]
+            if codes:
+                merged = _merge_sorted(codes, counts)
+                pending.append(merged)
+                held += merged[0].size
+            if held >= self.budget:
+                *whole, rest = self._cut(pending)
+                yield from whole
+                pending, held = [rest], rest[0].size
+            for b in live:
+                self._refill(b, limit)
+            bufs = [b for b in bufs if b[0].size or b[2] is not None]
+        if held:
+            *whole, rest = self._cut(pending)
+            yield from whole
+            if rest[0].size:
+                yield self._slice([rest])
+
+    def _cut(self, parts):
+        """Whole groups (sorted ``(codes, counts)`` pieces) cut at group boundaries into unspilled
+        folds of at least ``budget`` codes (a group is never split), and what is left after the
+        last cut as a ``(codes, counts)`` piece (fewer codes than the budget, maybe none)."""
+        codes = np.concatenate([c for c, _ in parts])
+        counts = np.concatenate([w for _, w in parts])
+        gid = codes >> self.SHIFT
+        out, at = [], 0
+        while codes.size - at >= self.budget:
+            # the first group boundary at or after `budget` codes from `at`
+            end = int(np.searchsorted(gid, gid[at + self.budget - 1], side="right"))
+            out.append(self._slice([(codes[at:end], counts[at:end])]))
+            at = end
+        return (*out, (codes[at:], counts[at:]))
+
+    def _refill(self, b, limit) -> None:
+        """Read a run's next chunks into its buffer ``b`` while the buffer is empty or ends in
+        gid ``limit``, or until the run is read to its end (``b[2]`` set to None)."""
+        while b[2] is not None and (b[0].size == 0 or int(b[0][-1]) >> self.SHIFT == limit):
+            got = next(b[2], None)
+            if got is None:
+                b[2] = None
+            elif b[0].size:
+                b[0] = np.concatenate([b[0], got[0]])
+                b[1] = np.concatenate([b[1], got[1]])
+            else:
+                b[0], b[1] = got
+
+    def _slice(self, parts) -> "Fold":
+        part = Fold(self.budget, self.shrink)
+        part.fine.codes = np.concatenate([c for c, _ in parts])
+        part.fine.counts = np.concatenate([w for _, w in parts])
+        return part
 
     def _start_spill(self) -> None:
         self._spill = tempfile.TemporaryFile(prefix="dpq_fold_")
@@ -310,3 +438,14 @@ class Fold:
     def close(self) -> None:
         if self._spill is not None:
             self._spill.close()
+        if self._run_file is not None:
+            self._run_file.close()
+
+
+def _merge_sorted(codes, counts):
+    """Distinct codes and summed counts of several sorted (codes, counts) pieces."""
+    if len(codes) == 1:
+        return codes[0], counts[0]
+    c = np.concatenate(codes)
+    order = np.argsort(c, kind="stable")  # sorted pieces: timsort merges them
+    return reduce_sorted(c[order], np.concatenate(counts)[order])

@@ -14,6 +14,7 @@ worker (tests/spark/test_worker_imports.py).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -319,19 +320,29 @@ def release_fine(k, counts, units, key_hash, params: ReleaseParams):
 
 
 def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
-    """Release every group of a finished fold: ``[(gid, values, name)]`` in gid order
-    (dropped groups left out)."""
-    gids, starts, ends = fold.groups()
-    index, counts = fold.arrays()
-    out = []
-    if not fold.spilled:
+    """Release every group of a finished fold: ``(gid, values, name)`` in gid order (dropped
+    groups left out), a slice of whole groups at a time (:meth:`Fold.slices`), so that the
+    groups of a fold with sorted runs are released as the merge completes them."""
+    if fold.spilled:
+        yield from _release_spilled(fold, params, units_of, hash_of)
+        return
+    for part in fold.slices():
+        gids, starts, ends = part.groups()
+        index, counts = part.arrays()
         if _batchable(params):
-            return _release_batch(gids.tolist(), starts, ends, index, counts, params)
+            yield from _release_batch(gids.tolist(), starts, ends, index, counts, params)
+            continue
         for gid, a, b in zip(gids.tolist(), starts, ends):
             got = release_fine(index[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
             if got is not None:
-                out.append((gid, *got))
-        return out
+                yield gid, *got
+
+
+def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
+    """:func:`_release_fold` of a fold spilled to coarse counts: ``[(gid, values, name)]``."""
+    gids, starts, ends = fold.groups()
+    index, counts = fold.arrays()
+    out = []
     # Spilled: choose per group from exact coarse counts; JointExp/IndExp groups get their
     # reachable cells' fine counts from the spill file (one pass over it), the others coarse
     # cells. With production randomness the JointExp groups of one epsilon are then released
@@ -432,7 +443,8 @@ def _with_fold(body, batches, params: ReleaseParams):
 
 
 def _release_sink(sink, params: ReleaseParams, units_of, hash_of):
-    """Release every group a finished partition put in ``sink``: ``[(gid, values, name)]``."""
+    """Release every group a finished partition put in ``sink``: ``(gid, values, name)`` in gid
+    order, as an iterable."""
     if isinstance(sink, Fold):
         sink.finish()
         return _release_fold(sink, params, units_of, hash_of)
@@ -473,10 +485,9 @@ def _release_partition(batches, params: ReleaseParams, sink):
     def units_of(gid):
         return None
 
-    released = _release_sink(sink, params, units_of, hash_of)
+    released = iter(_release_sink(sink, params, units_of, hash_of))
     m = len(params.quantiles)
-    for lo in range(0, len(released), _OUTPUT_GROUPS):
-        part = released[lo:lo + _OUTPUT_GROUPS]
+    while part := list(itertools.islice(released, _OUTPUT_GROUPS)):
         values = pa.array(np.concatenate([v for _, v, _ in part]), type=pa.float64())
         yield pa.RecordBatch.from_arrays(
             [pa.array(np.asarray([g for g, _, _ in part], np.int64)),
@@ -554,13 +565,12 @@ def _release_keyed(batches, params: ReleaseParams, sink):
     else:
         def hash_of(gid):
             return 0
-    released = _release_sink(sink, params, units_of, hash_of)
-    if not released:
-        return
-    keys = index.table()
+    released = iter(_release_sink(sink, params, units_of, hash_of))
+    keys = None
     q = np.asarray(params.quantiles, dtype=np.float64)
-    for lo in range(0, len(released), _OUTPUT_GROUPS):
-        part = released[lo:lo + _OUTPUT_GROUPS]
+    while part := list(itertools.islice(released, _OUTPUT_GROUPS)):
+        if keys is None:
+            keys = index.table()
         take = np.concatenate([np.full(len(v), g, dtype=np.int64) for g, v, _ in part])
         picked = keys.take(pa.array(take, type=pa.int64()))
         arrays = [picked.column(k).combine_chunks() for k in params.keys]

@@ -171,6 +171,35 @@ def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechan
     assert np.abs(out.loc[out["g"] == "outliers", "value"].to_numpy() - truth).max() < 5e4
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_sorted_runs_release_the_core_on_each_groups_exact_data(spark, monkeypatch, keyed):
+    """Fold budget lowered to 40 pairs with spread values (each row in its own coarse cell, so
+    a coarse spill would save nothing): every partition writes sorted runs and releases its
+    groups slice by slice as the merge completes them. Each group's release is the core's
+    JointExp on its exact grid indices with its own seed, as with the default budget; with keys
+    from the data (partition selection) the same fold runs."""
+    monkeypatch.setattr(_fold, "FOLD_BUDGET", 40)
+    gen = np.random.default_rng(9)
+    data = {f"g{i:02d}": gen.uniform(A, B, int(n)) for i, n in enumerate(gen.integers(5, 60, 30))}
+    names = list(data)
+    kw = dict(delta=1e-9, epsilon=50.0) if keyed else dict(groups=names, epsilon=1.0)
+    out = dp_quantiles(_frame(spark, data), "x", quantiles=Q, lower=A, upper=B, group_by="g",
+                       mechanism="joint_exp", rng=np.random.default_rng(3), **kw).toPandas()
+    if keyed:  # selection spends half: the quantiles get epsilon 25; keys seeded differently
+        for name in set(out["g"]):
+            got = out.loc[out["g"] == name, "value"].to_numpy()
+            rank = np.searchsorted(np.sort(data[name]), got)  # rows below each release
+            assert np.abs(rank - np.asarray(Q) * data[name].size).max() <= 3, name
+        assert len(set(out["g"])) >= 20
+        return
+    rng_of, _ = _group_rngs(spark, 3, names)
+    for name in names:
+        k, w = np.unique(GRID.snap(data[name]), return_counts=True)
+        want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0, rng=rng_of(name)))
+        np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want,
+                                      err_msg=name)
+
+
 def test_spill_path_on_partition_selection(spark, monkeypatch):
     """Keys from the data (mapInPandas): the same fold, spilled."""
     monkeypatch.setattr(_fold, "FOLD_BUDGET", 16)

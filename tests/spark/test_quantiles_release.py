@@ -79,13 +79,28 @@ def test_fold_counts_exactly_within_budget_and_spills_past_it(monkeypatch, budge
         fold.close()
 
 
+def _sliced(fold):
+    """(gids, index, counts) of every slice of a fold, concatenated, and the slices' sizes."""
+    parts = list(fold.slices())
+    gids, index, counts, sizes = [], [], [], []
+    for part in parts:
+        g, a, b = part.groups()
+        i, c = part.arrays()
+        gids += np.repeat(g, b - a).tolist()
+        index += i.tolist()
+        counts += c.tolist()
+        sizes.append(len(i))
+    return np.array(gids), np.array(index), np.array(counts), sizes
+
+
 def test_fold_spills_only_when_coarse_counts_are_fewer(monkeypatch):
-    """Past its budget a fold spills only if its coarse counts would be at most half its fine
-    ones: values spread one per coarse cell keep exact counts (the budget doubles, as often as
-    needed), values tied into few coarse cells spill. Either way the counts are exact."""
+    """Past its budget a fold spills to coarse counts only if they would be at most half its
+    fine ones: values tied into few coarse cells spill; values spread one per coarse cell are
+    written out as sorted runs instead, and the merge of the runs gives back every exact count,
+    whole groups in gid order, in slices of about the budget. Either way the counts are exact."""
     monkeypatch.setattr(_fold, "_COMPACT_ROWS", 500)
     gen = np.random.default_rng(4)
-    spread = (gen.integers(0, 3, 5000) << 33) + 4096 * gen.choice(2**20, 5000, replace=False)
+    spread = (gen.integers(0, 30, 5000) << 33) + 4096 * gen.choice(2**20, 5000, replace=False)
     dense = (gen.integers(0, 3, 5000) << 33) + 2**31 + gen.integers(0, 8 * 4096, 5000)
     for codes, spills in [(spread, False), (dense, True)]:
         fold = _fold.Fold(300)
@@ -93,13 +108,52 @@ def test_fold_spills_only_when_coarse_counts_are_fewer(monkeypatch):
             for i in range(0, codes.size, 250):
                 fold.add(codes[i:i + 250])
             fold.finish()
-            assert fold.spilled == spills
-            want, counts = np.unique(codes if not spills else codes >> 12, return_counts=True)
-            index, got = fold.arrays()
+            assert fold.spilled == spills and fold.has_runs == (not spills)
+            if spills:
+                want, counts = np.unique(codes >> 12, return_counts=True)
+                index, got = fold.arrays()
+                assert got.tolist() == counts.tolist()
+                continue
+            want, counts = np.unique(codes, return_counts=True)
+            gids, index, got, sizes = _sliced(fold)
+            assert gids.tolist() == (want >> 33).tolist()
+            assert index.tolist() == (want - ((want >> 33) << 33)).tolist()
             assert got.tolist() == counts.tolist()
-            assert fold.budget >= (want.size if not spills else 300)
+            assert fold.budget == 300 and len(sizes) > 5 and max(sizes) < 2 * 300 + 200
         finally:
             fold.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fold_runs_merge_ties_across_runs_and_a_group_larger_than_the_budget(monkeypatch, seed):
+    """Runs hold the same codes more than once (a value seen before and after a run was
+    written): the merge sums them. A group with more distinct codes than the budget comes out
+    whole in one slice; groups never straddle two slices; groups without codes do not appear."""
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 300)
+    gen = np.random.default_rng(seed)
+    gid = np.concatenate([gen.integers(0, 40, 6000) * 2, np.full(3000, 41)])  # even gids, 41
+    k = 4096 * gen.integers(0, 2**20, gid.size)
+    k[:2000] = 4096 * gen.integers(0, 50, 2000)  # ties spread through the runs
+    codes = gen.permutation((gid << 33) + k)
+    fold = _fold.Fold(400)
+    try:
+        for i in range(0, codes.size, 200):
+            fold.add(codes[i:i + 200])
+            if i == 4000:  # counts mixed in, as packed rows carry them
+                fold.add(codes[:50], np.full(50, 3))
+        fold.finish()
+        assert fold.has_runs
+        extra = np.repeat(codes[:50], 3)
+        want, counts = np.unique(np.concatenate([codes, extra]), return_counts=True)
+        gids, index, got, sizes = _sliced(fold)
+        assert gids.tolist() == (want >> 33).tolist() and got.tolist() == counts.tolist()
+        assert index.tolist() == (want - ((want >> 33) << 33)).tolist()
+        seen = [set(p.groups()[0].tolist()) for p in fold.slices()]
+        assert sum(len(s) for s in seen) == len(set().union(*seen))  # no group in two slices
+        assert any(s == {41} or 41 in s for s in seen)
+        assert max(sizes) >= np.count_nonzero(want >> 33 == 41)
+    finally:
+        fold.close()
 
 
 @pytest.mark.parametrize("ties", [False, True])
