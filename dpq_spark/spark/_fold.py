@@ -200,7 +200,11 @@ class Fold:
         if codes.size == 0:
             return
         if self._spill is None:
-            if self.fine.add(codes, counts) and self.fine.codes.size > self.budget:
+            merged = self.fine.add(codes, counts)
+            if not merged and self.fine.codes.size + self.fine._buffered > self.budget + _COMPACT_ROWS:
+                self.fine.compact()  # the buffer would take the fold far past its budget
+                merged = True
+            if merged and self.fine.codes.size > self.budget:
                 self._over_budget()
             return
         if counts is None:
