@@ -2,30 +2,61 @@
 
 :func:`_sample_many` releases G groups (the same ``q``, ``c`` and grid; any sizes) in one pass
 with numpy calls per step for the whole batch, for callers that release many groups together
-(:func:`dpq_spark.core.quantiles.batch.release_many`, the Spark fold's spilled JointExp groups). Each
-group's bands come from :func:`~dpq_spark.core.quantiles.joint_exp._bands` on its own cells; step j's
-tables hold every group's band j in one flat array; the Toeplitz blocks never cross a group and
-the carry restarts at each group; the scans are segment-local
-(:func:`~dpq_spark.core.quantiles._logscan.segmented_scans`: a segment's numbers depend on that segment
-alone); the run truncation is decided cell by cell and the normalising shifts are per group.
-Every float64 number of a group's forward tables is therefore the one it gets in a batch of
-one, bit for bit (tested). The backward pass runs on all groups' rows together with
-:func:`~dpq_spark.core.randomness.grid.draw_index_rows` on padded rows (exact for the same float64 weights
-as :func:`~dpq_spark.core.randomness.grid.draw_index`; it consumes randomness in another order) and
+(:func:`dpq_spark.core.quantiles.batch.release_many`, the Spark fold's spilled JointExp groups).
+Each group's bands come from :func:`~dpq_spark.core.quantiles.joint_exp._bands` on its own cells.
+Two forward passes compute the same tables, and a group's own data decide which one it takes:
+
+* *Dense* (:class:`_Dense`), for a group whose bands together span at most ``_DENSE_WIDTH``
+  cells (groups of up to about 700 rows at epsilon 1): one row per group, every step an
+  elementwise array operation over all rows; the Toeplitz sums in linear space (prefix sums and
+  in-block Hillis-Steele scans of ``exp`` of the sources under the group's own scale, no
+  difference of sums), the run sums over every run length at once. Range guards (every source
+  within ``exp(-300)`` of its group's largest, ``c`` times the span of ranks plus the largest
+  target at most 350) keep every factor and partial sum a normal float64 number; a group they
+  refuse goes through the flat pass.
+* *Flat* (:class:`_Forward`), for the others: step j's tables hold every group's band j in one
+  flat array; the Toeplitz blocks never cross a group and the carry restarts at each group; the
+  scans are segment-local (:func:`~dpq_spark.core.quantiles._logscan.segmented_scans`).
+
+In both, every number of a group's forward tables depends on that group alone, so it is the
+same in any batch as in a batch of one (tested, bit for bit). The backward pass runs on all
+groups' rows together with :func:`~dpq_spark.core.randomness.grid.draw_index_rows` on padded
+rows (exact for the same float64 weights as :func:`~dpq_spark.core.randomness.grid.draw_index`;
+it consumes randomness in another order) and
 :func:`~dpq_spark.core.randomness.grid.uniform_multisets`.
 
-The distribution is the one of :mod:`dpq_spark.core.quantiles.joint_exp` (its module docstring: the target,
-the band pruning, the run truncation and "Guarantee as implemented"), group by group; tested
-against brute force with groups interleaved in one call. The forward pass computes the same
-quantities by a different float64 order (segment-local scans, per-cell truncation), so the
-rounding analysis (iii) applies with one more term: a scan's linear-space partial sum over a row
-of at most 512 positive terms has relative error below ``2**-44``, less than one operation's
-``2**-52 M`` as ``M >= 800``. Each group's release is thus ``(epsilon + eta, delta)``-DP with the
-``eta`` and ``delta`` stated there, and the groups' draws are independent.
+The distribution is the one of :mod:`dpq_spark.core.quantiles.joint_exp` (its module docstring:
+the target, the band pruning and "Guarantee as implemented"), group by group; tested against
+brute force with groups interleaved in one call, and the dense tables against the flat ones
+(within 1e-10; they differ by about 1e-13). Two differences in the float analysis:
 
-Why two implementations: this one is about 2x faster per group for hundreds of groups of 1e4
-rows (``benchmarks/bench_joint_exp_many.py``) but about 2x slower for one group at a time (more
-numpy calls per step), so :func:`~dpq_spark.core.quantiles.joint_exp.joint_exp` keeps its own.
+(ii) No run truncation: both passes add every run length whose first output lies in its band
+(the batched run sums, :meth:`_Forward.run_sums`), so the ``m 2**-72`` term of (ii) is 0 here
+(a smaller error than the single-group sampler's; its bound still holds).
+
+(iii) Rounding. Flat pass: as in :mod:`~dpq_spark.core.quantiles.joint_exp`, plus a scan's
+linear-space partial sum over a row of at most 512 positive terms (relative error below
+``2**-44``, less than one operation's ``2**-52 M`` as ``M >= 800``). Dense pass, per step and
+log weight: the ``exp`` of each source (its argument's error is the source's own, carried), at
+most three factors ``exp(+-c r)``, ``exp(+-c t)`` with arguments at most 350 in magnitude
+(relative error ``<= 351 * 2**-52`` each), a sum of at most 1,024 positive terms (prefix and
+Hillis-Steele partial sums: relative ``<= 1024 * 2**-53``), one ``log`` and one addition. With the
+guards no number is subnormal, so these relative bounds hold for every entry, the smallest
+included. Both passes' run sums are ``H + log(sum_k exp(x_k - H))`` over at most m terms, each
+``x_k`` a few additions of numbers of magnitude at most ``M``, ``log R_k`` a sum of at most m
+logs. Counting, per step, 16 operations on magnitude ``M`` for the kernel sums and ``m`` for the
+run sum, every log weight's absolute error is at most ``gamma_many = m (m + 16) 2**-52 M``
+(first-order, not machine-checked), in place of joint_exp's ``16 m 2**-52 M``; then
+``theta = 4 m (gamma_many + 2**-52)`` and ``eta = 2 theta``, ``delta`` unchanged. Examples
+(epsilon 1, default grid): n = 1e6, m = 9 (c = 0.28, ``M = 8.3e5``): ``gamma_many = 4.2e-8``,
+``eta = 3.0e-6``; n = 1e6, m = 30: ``eta = 5.7e-5``; the dense pass only runs where
+``c n <= 350`` (``M <= 2,100`` at m = 9: ``eta <= 7.5e-9`` there). Each group's release is thus
+``(epsilon + eta, delta)``-DP with those ``eta`` and ``delta``, and the groups' draws are
+independent.
+
+Why two implementations of JointExp: this module is several times faster per group for many
+groups (``benchmarks/bench_joint_exp_many.py``) but slower for one group at a time (more numpy
+calls per step), so :func:`~dpq_spark.core.quantiles.joint_exp.joint_exp` keeps its own.
 """
 
 from __future__ import annotations
@@ -184,7 +215,6 @@ class _Forward:
         self.cells = [np.arange(self.off[j, -1]) + self._rep(j + 1, self.first[:, j] - self.off[j, :-1])
                       for j in range(self.m)]
         self.A: list[np.ndarray] = []  # A_j on the bands j, stored minus nu[:, j-1]
-        self.G_max: list[np.ndarray] = []  # max_{j'<=j} (A_j' - Lambda_j') on the bands j, true scale
         self.S: list[np.ndarray] = []  # S_j minus its group's nu (kept for the backward pass)
         self.nu = np.zeros((self.G, self.m))
 
@@ -192,57 +222,62 @@ class _Forward:
         """A per-group array spread over the cells of the bands j (1-based)."""
         return np.repeat(per_group, self.length[:, j - 1])
 
-    def _in_band(self, j: int, jp: int):
-        """``(idx, inside)`` for every cell of the bands j: its place in step jp's table, and
-        whether it lies in its group's band jp at all (``idx`` is 0 where not)."""
-        rel = np.arange(self.off[j - 1, -1]) + self._rep(
-            j, self.first[:, j - 1] - self.first[:, jp - 1] - self.off[j - 1, :-1])
-        inside = (rel >= 0) & (rel < self._rep(j, self.length[:, jp - 1]))
-        return np.where(inside, rel + self._rep(j, self.off[jp - 1, :-1]), 0), inside
-
     def run(self) -> None:
         # every step's A and S in one array each (step j at base[j-1]); the lists hold views
         self.A_all = np.empty(int(self.base[-1]))
         self.S_all = np.empty(int(self.base[-1]))
+        self._run_tables()
         for j in range(1, self.m + 1):
             cells = self.cells[j - 1]
             L = self.log_width[cells]
             p = self.pos[cells]
+            A = self.A_all[self.base[j - 1]:self.base[j]]
             if j == 1:
-                A = L - self.c * np.abs(p - self._rep(1, self.targets[:, 0]))
+                np.subtract(L, self.c * np.abs(p - self._rep(1, self.targets[:, 0])), out=A)
                 nu_a = np.zeros(self.G)
             else:
                 # positions increase with the cell: the sources left of a cell are the cells before it
                 hi = np.clip(cells - self._rep(j, self.first[:, j - 2]), 0, self._rep(j, self.length[:, j - 2]))
                 hi += self._rep(j, self.off[j - 2, :-1])
-                A = L + _kernel_sums_many(self.pos[self.cells[j - 2]], self.S[-1], self.off[j - 2],
-                                          p, self.off[j - 1], self.targets[:, j - 1], self.c, hi)
+                np.add(L, _kernel_sums_many(self.pos[self.cells[j - 2]], self.S[-1], self.off[j - 2],
+                                            p, self.off[j - 1], self.targets[:, j - 1], self.c, hi), out=A)
                 nu_a = self.nu[:, j - 2]
-            self._store(j, A, nu_a)
+            self.A.append(A)
             self.nu[:, j - 1] = nu_a
             S = self.run_sums(j)
             shift = np.maximum.reduceat(S, self.off[j - 1, :-1])
             if not np.all(np.isfinite(shift)):  # cannot happen: the reference sequence has mass
                 raise FloatingPointError("JointExp forward pass lost all mass")
             shift_rep = self._rep(j, shift)
-            self.A[-1] -= shift_rep
+            A -= shift_rep
             self.nu[:, j - 1] = nu_a + shift
             self.S.append(self.S_all[self.base[j - 1]:self.base[j]])
             np.subtract(S, shift_rep, out=self.S[-1])
 
-    def _store(self, j: int, A: np.ndarray, nu_a: np.ndarray) -> None:
-        cells = self.cells[j - 1]
-        G = A + self._rep(j, nu_a) - self._log_lambda(j, cells)
-        if j > 1:
-            idx, inside = self._in_band(j, j - 1)
-            G[inside] = np.maximum(G[inside], self.G_max[-1][idx[inside]])
-        self.A.append(self.A_all[self.base[j - 1]:self.base[j]])
-        self.A[-1][:] = A
-        self.G_max.append(G)
-
-    def _log_lambda(self, j: int, cells: np.ndarray) -> np.ndarray:
-        """Lambda_j(i) = sum_{t<=j} log(phi_t(0) w_i) = -c P_j + j log w_i, on the bands j."""
-        return self._rep(j, -self.c * self.cum_target[:, j - 1]) + j * self.log_width[cells]
+    def _run_tables(self) -> None:
+        """``log R_k(w)`` (k = 1..m, a row per cell) on the cells that lie in two bands or more
+        of their group (the only ones a run of two outputs or more can use), summed left to
+        right as in :meth:`run_terms`; ``self.r_row`` maps a global cell to its row (valid on
+        those cells only)."""
+        lo, hi = self.first, self.first + self.length  # (G, m), global cells
+        # per group, the hull of the pairwise intersections of its bands
+        a = np.maximum(lo[:, :, None], lo[:, None, :])
+        b = np.minimum(hi[:, :, None], hi[:, None, :])
+        pair = (b > a) & ~np.eye(self.m, dtype=bool)[None]
+        big = np.iinfo(np.int64).max
+        ra = np.where(pair, a, big).min(axis=(1, 2))
+        rb = np.where(pair, b, -1).max(axis=(1, 2))
+        rows = np.maximum(rb - ra, 0)
+        ra = np.where(rows > 0, ra, 0)
+        toff = np.concatenate(([0], np.cumsum(rows)))
+        self.r_shift = toff[:-1] - ra  # row of global cell x of group g: x + r_shift[g]
+        cells = np.arange(int(toff[-1])) + np.repeat(ra - toff[:-1], rows)
+        table = np.zeros((cells.size, self.m))
+        if self.m > 1 and cells.size:
+            k = np.arange(2, self.m + 1, dtype=np.float64)
+            table[:, 1:] = np.log(self.width[cells][:, None] + (k - 1.0)) - np.log(k)
+            np.cumsum(table, axis=1, out=table)
+        self.log_r = table.ravel()
 
     def _index(self, jp: np.ndarray, cells: np.ndarray, gid: np.ndarray):
         """``(idx, inside)``: where global cell ``cells`` of group ``gid`` sits in the tables of
@@ -257,54 +292,50 @@ class _Forward:
         """S_j = log sum_k alpha(j, i, k) on the bands j, minus nu_j (the scale of the stored A_j).
 
         A run of k outputs in cell i (w grid points) carries ``C(w + k - 1, k) = w R_k(w)``
-        multisets, ``log R_k(w) = sum_{t=2..k} log((w + t - 1) / t)``. Run lengths are added
-        while an upper bound on all longer runs is not below ``2**-72`` of the sum so far, cell
-        by cell: with ``rho_k(w) = log R_k(w) - (k - 1) log w`` nonincreasing in k (for w >= 1),
-        the terms with run start <= jp are each at most ``exp(G_max_jp + Lambda_j + rho_k(w))``,
-        so the j - k + 1 of them sum to at most that times j - k + 1. A cell stops at its first
-        k whose bound is below that (the rule depends on the cell's own numbers only).
+        multisets, ``log R_k(w) = sum_{t=2..k} log((w + t - 1) / t)``; the run's first output
+        jp = j - k + 1 must lie in band jp. Every such run length is summed (no truncation): the
+        cells of band j that lie in band jp form one range per group (the two bands'
+        intersection), so the terms of all k are gathered range by range into a table of one
+        row per cell, and each row is summed as ``max + log(sum(exp(term - max)))``.
         """
-        cells, gid = self.cells[j - 1], self.gid[j - 1]
-        acc = self.A[j - 1].copy()
+        A = self.A[j - 1]
         if j == 1:
-            return acc
-        scale = self._rep(j, self.nu[:, j - 1])
-        L = self.log_width[cells]
-        W = self.width[cells]
-        lam_j = self._log_lambda(j, cells) - scale
-        full = True  # every cell of the bands still sums (then no subsetting)
-        active = np.arange(acc.size)  # the cells still summing
-        act_L, act_W, act_lam, act_scale, act_acc = L, W, lam_j, scale, acc
-        log_r = np.zeros(acc.size)  # log R_k(w) on the active cells
-        for k in range(2, j + 1):
-            jp = j - k + 1  # the run of k outputs starts at output jp
-            log_count = math.log(j - k + 1)
-            log_r += _log_run_step(act_W, k)
-            if full:
-                idx, inside = self._in_band(j, jp)
-            else:
-                idx, inside = self._index(np.full(active.size, jp), cells[active], gid[active])
-                idx = np.where(inside, idx - self.base[jp - 1], 0)
-            bound = np.where(inside, self.G_max[jp - 1][idx], -np.inf) + log_count + act_lam + log_r - (k - 1) * act_L
-            keep = bound >= act_acc - _LOG_RUN_TOL
-            if not keep.all():
-                full = False
-                active, log_r, idx, inside = active[keep], log_r[keep], idx[keep], inside[keep]
-                act_L, act_W, act_lam, act_scale = act_L[keep], act_W[keep], act_lam[keep], act_scale[keep]
-                if active.size == 0:
-                    break
-            # the run's first output: A_jp at its true scale, times prod phi_t(0), minus nu_j
-            if full:
-                nu_p, P_j, P_p = (self._rep(j, a) for a in (self.nu[:, jp - 1], self.cum_target[:, j - 1],
-                                                            self.cum_target[:, jp - 1]))
-            else:
-                g = gid[active]
-                nu_p, P_j, P_p = self.nu[g, jp - 1], self.cum_target[g, j - 1], self.cum_target[g, jp - 1]
-            offset = nu_p + (-self.c * (P_j - P_p) - act_scale)
-            term = np.where(inside, self.A[jp - 1][idx] + offset, -np.inf) + log_r
-            act_acc = logaddexp(acc[active] if not full else acc, term)
-            acc[active] = act_acc
-        return acc
+            return A.copy()
+        Fj, Lj = self.first[:, j - 1], self.length[:, j - 1]
+        Fp, Lp = self.first[:, :j - 1], self.length[:, :j - 1]  # bands jp = 1..j-1
+        s = np.maximum(Fj[:, None], Fp)  # band j ∩ band jp, global cells: [s, e)
+        ell = np.maximum(np.minimum((Fj + Lj)[:, None], Fp + Lp) - s, 0)
+        used = np.flatnonzero(ell.any(axis=0))
+        if used.size == 0:
+            return A.copy()
+        kmax = j - int(used[0]) # the longest run with a term: it starts at output used[0] + 1
+        nu, P, m = self.nu, self.cum_target, self.m
+        table = np.full((A.size, kmax), -np.inf)
+        table[:, 0] = A
+        cells = self.cells[j - 1]
+        rows = None
+        for jp in used[used >= j - kmax].tolist():
+            jp += 1
+            k = j - jp + 1
+            offset = (nu[:, jp - 1] - nu[:, j - 1]) - self.c * (P[:, j - 1] - P[:, jp - 1])
+            if np.array_equal(ell[:, jp - 1], Lj) and np.array_equal(Fp[:, jp - 1], Fj):
+                # band jp is band j for every group: the two tables are aligned
+                if rows is None:
+                    rows = (cells + self._rep(j, self.r_shift)) * m
+                table[:, k - 1] = self.A[jp - 1] + self._rep(j, offset) + self.log_r[rows + (k - 1)]
+                continue
+            el = ell[:, jp - 1]
+            x = np.arange(int(el.sum())) + np.repeat(s[:, jp - 1] - (np.cumsum(el) - el), el)  # global cell
+            dest = x + np.repeat(self.off[j - 1, :-1] - Fj, el)
+            src = x + np.repeat(self.base[jp - 1] + self.off[jp - 1, :-1] - Fp[:, jp - 1], el)
+            row = (x + np.repeat(self.r_shift, el)) * m + (k - 1)
+            table[dest, k - 1] = self.A_all[src] + np.repeat(offset, el) + self.log_r[row]
+        top = table.max(axis=1)
+        top[~np.isfinite(top)] = 0.0
+        table -= top[:, None]
+        np.exp(table, out=table)
+        with np.errstate(divide="ignore"):
+            return np.log(table.sum(axis=1)) + top
 
     def run_terms(self, j: np.ndarray, i: np.ndarray, g: np.ndarray) -> np.ndarray:
         """log alpha(j, i, k) for k = 1..j (true scale minus nu_j), one row per (step ``j``,
@@ -422,7 +453,50 @@ CELLS_HELD = 1 << 21
 
 
 def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarray:
-    """:func:`_sample_many` for one batch of groups, their bands ``lo``/``hi`` computed."""
+    """:func:`_sample_many` for one batch of groups, their bands ``lo``/``hi`` computed.
+
+    Groups whose bands span at most ``_DENSE_WIDTH`` cells get their forward tables from
+    :class:`_Dense` (at most ``_DENSE_ELEMENTS`` cells times m at a time), the others, and
+    those the dense path's range guards refuse, from :class:`_Forward`; each set's rows are
+    drawn from its own tables. Which set a group joins depends on its own data only, and both
+    give it the same law (module docstring)."""
+    m = q.size
+    union = hi.max(axis=1) - lo.min(axis=1)
+    dense = union <= _DENSE_WIDTH
+    if not dense.any():
+        return _sample_set(cells_list, lo, hi, q, c, source, rows, out, False)[0]
+    flat = [np.flatnonzero(~dense)]
+    members = np.flatnonzero(dense)
+    load = np.cumsum(union[members] * m)
+    a = 0
+    while a < members.size:  # chunks of at most _DENSE_ELEMENTS cells x steps (one group at least)
+        b = max(a + 1, int(np.searchsorted(load, load[a] - union[members[a]] * m + _DENSE_ELEMENTS,
+                                           side="right")))
+        chunk = members[a:b]
+        if chunk.size == len(cells_list):
+            out, ok = _sample_set(cells_list, lo, hi, q, c, source, rows, out, True)
+        else:
+            mine = np.flatnonzero(np.isin(rows, chunk))
+            got, ok = _sample_set([cells_list[g] for g in chunk.tolist()], lo[chunk], hi[chunk], q,
+                                  c, source, np.searchsorted(chunk, rows[mine]),
+                                  np.empty((mine.size, m), dtype=np.int64), True)
+            out[mine] = got  # (the rows of refused groups are drawn again below)
+        flat.append(chunk[~ok])
+        a = b
+    flat = np.sort(np.concatenate(flat))
+    if flat.size:  # the rows of these groups were not drawn above
+        mine = np.flatnonzero(np.isin(rows, flat))
+        if mine.size:
+            out[mine] = _sample_set([cells_list[g] for g in flat.tolist()], lo[flat], hi[flat], q,
+                                    c, source, np.searchsorted(flat, rows[mine]),
+                                    np.empty((mine.size, m), dtype=np.int64), False)[0]
+    return out
+
+
+def _sample_set(cells_list, lo, hi, q, c, source, rows, out, dense):
+    """The forward tables of these groups (:class:`_Dense` if ``dense``, else :class:`_Forward`)
+    and the draws of ``rows``; returns ``(out, ok)``, ``ok`` the groups whose tables were made
+    (all of them for :class:`_Forward`; rows of the others are left undrawn)."""
     m = q.size
     G = len(cells_list)
     # only the cells some band keeps, [a_g, b_g) of each group, are concatenated
@@ -435,7 +509,24 @@ def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarr
                                     for t in range(4))
     n = np.array([cl[4] for cl in cells_list], dtype=np.float64)
     fw = _Forward(width, log_width, pos, coff, n, q, c, lo, hi)
-    fw.run()
+    if dense:
+        ok = _Dense(fw, coff).run()
+        keep = np.flatnonzero(ok[rows])
+        if keep.size < rows.size:
+            if keep.size:
+                out[keep] = _draw_rows(fw, start, width, rows[keep], source,
+                                       np.empty((keep.size, m), dtype=np.int64))
+            return out, ok
+    else:
+        fw.run()
+        ok = np.ones(G, dtype=bool)
+    return _draw_rows(fw, start, width, rows, source, out), ok
+
+
+def _draw_rows(fw, start, width, rows, source, out) -> np.ndarray:
+    """One draw per entry of ``rows`` (groups of ``fw``) from finished forward tables: the last
+    output's cell, the cells backwards by runs (:func:`_backward`), the grid points of every run."""
+    m, c = fw.m, fw.c
     last = fw.cells[m - 1]
     log_w_last = fw.S[m - 1] - c * np.abs(fw.n[fw.gid[m - 1]] - fw.pos[last] - fw.targets[fw.gid[m - 1], m])
     i = fw.first[rows, m - 1] + _draw_segments(log_w_last, fw.off[m - 1, rows], fw.length[rows, m - 1], source)
@@ -457,6 +548,249 @@ def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarr
         pts = uniform_multisets(source, width[cells], k)
         out[r[sel][:, None], s[sel][:, None] + np.arange(k)] = start[cells][:, None] + pts
     return out
+
+
+#: groups whose bands together span at most this many cells take the dense path (:class:`_Dense`)
+_DENSE_WIDTH = 768
+#: cells times steps of the groups one dense pass holds (its tables: about 60 bytes each)
+_DENSE_ELEMENTS = 1 << 20
+#: the dense path's range guards, in nats: every source within _DENSE_SOURCES of its group's
+#: largest, and c (span of the ranks + largest target) at most _DENSE_SPAN; else the flat path
+_DENSE_SOURCES = 300.0
+_DENSE_SPAN = 350.0
+_MIN_SOURCE = math.exp(-_DENSE_SOURCES)
+#: a row looks up its window starts in a table of its ranks when they number at most this many
+#: times its cells (else one search over all rows)
+_RANK_TABLE = 4
+
+
+class _Dense:
+    """The forward tables of :class:`_Forward` for groups whose bands span few cells, computed
+    on one row per group (its cells ``[a_g, b_g)``, padded to the widest row) and written into
+    ``fw``'s flat tables, for the backward pass of :func:`_draw_rows`.
+
+    A step's kernel sums are linear-space sums: with ``e = exp(S_{j-1})`` (at most 1: the
+    group's largest is 0), ``r = p - p_0`` (``p_0`` the row's first rank),
+    ``u = e exp(c r)`` and ``v = e exp(-c r)``,
+
+    * causal part (``p' <= T = p - t``): ``exp(-c (T - p_0)) * cumsum(u)`` read at the last
+      such source (a prefix sum of positive terms);
+    * window part (``T < p' < p``): ``exp(c (T - p_0))`` times the sum of ``v`` over the
+      window, which lies in at most three consecutive blocks of ranks of length ``0.75 t``
+      (as :func:`~dpq_spark.core.quantiles.joint_exp._add_window`): the suffix of its first
+      block, at most one whole block, the prefix of its last block; the in-block prefix and
+      suffix sums are Hillis-Steele scans (``log2`` of the longest block steps of masked
+      shifted additions). No difference of sums is ever taken.
+
+    The run sums add every run length (no truncation): for each k, ``A_{j-k+1} + offset +
+    log R_k(w)`` over the whole row (``-inf`` outside band ``j - k + 1``), summed as
+    ``max + log(sum(exp(term - max)))``. Every number of a row depends on its own group
+    alone (elementwise operations, scans along the row; padding adds exact zeros).
+
+    Range guards: a group is refused (``ok`` false; the caller uses :class:`_Forward`) unless
+    ``c (span + max t) <= _DENSE_SPAN`` and, at every step, each finite source is within
+    ``_DENSE_SOURCES`` of the group's largest. Then every factor and partial sum above lies in
+    ``[exp(-700), exp(360)]``: normal float64 numbers, so each keeps its relative precision
+    (module docstring, the rounding bound of the dense path).
+    """
+
+    def __init__(self, fw: _Forward, coff: np.ndarray):
+        self.fw = fw
+        G, m = fw.G, fw.m
+        rows_len = np.diff(coff)
+        self.W = W = int(rows_len.max())
+        self.col = np.arange(W)
+        self.valid = self.col[None, :] < rows_len[:, None]
+        self.flat = np.repeat(np.arange(G) * W - coff[:-1], rows_len) + np.arange(int(coff[-1]))
+        self.coff = coff
+
+    def _pad(self, values, fill):
+        out = np.full(self.fw.G * self.W, fill, dtype=np.float64)
+        out[self.flat] = values
+        return out.reshape(self.fw.G, self.W)
+
+    def _structure(self, t):
+        """For targets ``t`` (one per group): each cell's first window source ``lo`` (the
+        number of cells of rank ``<= p - t``, at most the cell's own index), which pieces make
+        each cell's window (:meth:`_blocks`), and the factors ``exp(-c (T - p_0))``,
+        ``exp(c (T - p_0))`` of the causal and window sums."""
+        G, W, col, valid = self.fw.G, self.W, self.col, self.valid
+        # p' <= T iff 2 p' <= floor(2 T) (the 2 p' are integers): read in each row's table of
+        # the number of cells with 2 p' <= x, x = -1..2 n_g
+        query = np.clip(np.floor(self.two_p - 2.0 * t[:, None]), -1.0, self.two_top)
+        ect = np.exp(self.fw.c * t)[:, None]
+        for seen, st in self.windows:  # the same window starts as another step's t (deciles)
+            if np.array_equal(seen, query):
+                return dict(st, causal_factor=self.Em * ect, window_factor=self.Ep / ect)
+        if self.count_le is not None:
+            lo = np.take_along_axis(self.count_le, query.astype(np.int64) + 1, axis=1)
+        else:
+            span = self.two_top + 8.0  # row g's keys lie in [g span, g span + two_top + 1]
+            rows = (np.arange(G) * span)[:, None]
+            keys = (np.where(valid, self.two_p, self.two_top + 1.0) + rows).ravel()
+            lo = np.searchsorted(keys, (query + rows).ravel(), side="right").reshape(G, W)
+            lo -= (np.arange(G) * W)[:, None]
+        lo = np.minimum(lo, col[None, :])
+        # blocks of ranks of length 0.75 t: the same blocks serve any t' with t' / 2 < 0.75 t < t'
+        tau = np.where(t > 0, 0.75 * t, 1.0)
+        key = np.round(tau, 6).tobytes()
+        if key not in self.blocks:
+            self.blocks[key] = self._blocks(tau)
+        bs, be, steps = self.blocks[key]
+        sf = np.zeros((G, W), dtype=np.int64)  # block start of the cell before each receiver
+        sf[:, 1:] = bs[:, :-1]
+        lo_c = np.minimum(lo, W - 1)
+        be_lo = np.take_along_axis(be, lo_c, axis=1)
+        nonempty = lo < col[None, :]
+        # window [lo, i): within one block it is the prefix of the block of i - 1 (lo = sf) or a
+        # suffix of lo's block (lo > sf); else that suffix, the prefix and at most one whole block
+        use_pre = (nonempty & (lo <= sf)).astype(np.float64)
+        use_suf = (nonempty & (lo != sf)).astype(np.float64)
+        use_mid = (nonempty & (lo < sf) & (be_lo < sf - 1)).astype(np.float64)
+        st = dict(lo=lo, lo_c=lo_c, steps=steps, sf1=np.maximum(sf - 1, 0), use_pre=use_pre,
+                  use_suf=use_suf, use_mid=use_mid)
+        self.windows.append((query, st))
+        return dict(st, causal_factor=self.Em * ect, window_factor=self.Ep / ect)
+
+    def _blocks(self, tau):
+        """Blocks of ranks ``[b tau, (b + 1) tau)`` (``tau`` per group, ``0.75 t``): each cell's
+        block start and end, and the Hillis-Steele masks of the in-block prefix and suffix
+        scans (``d = 1, 2, 4, ...`` below the longest block)."""
+        G, W, col, valid = self.fw.G, self.W, self.col, self.valid
+        block = np.where(valid, np.floor(np.where(valid, self.P, 0.0) / tau[:, None]), -1.0 - col[None, :])
+        head = np.ones((G, W), dtype=bool)
+        head[:, 1:] = block[:, 1:] != block[:, :-1]
+        tail = np.ones((G, W), dtype=bool)
+        tail[:, :-1] = head[:, 1:]
+        bs = np.maximum.accumulate(np.where(head, col, 0), axis=1)
+        be = (W - 1) - np.maximum.accumulate(np.where(tail, W - 1 - col, 0)[:, ::-1], axis=1)[:, ::-1]
+        longest = int((be - bs).max()) + 1
+        steps = []
+        d = 1
+        while d < longest:
+            steps.append((d, (col[d:] - d >= bs[:, d:]).astype(np.float64),
+                          (col[:-d] + d <= be[:, :-d]).astype(np.float64)))
+            d *= 2
+        return bs, be, steps
+
+    def run(self) -> np.ndarray:
+        """Fill ``fw``'s tables; returns each group's ``ok`` (its range guards held). A refused
+        group's numbers may overflow (silenced here): its rows are not read."""
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            return self._run()
+
+    def _run(self) -> np.ndarray:
+        fw = self.fw
+        G, m, c, W = fw.G, fw.m, fw.c, self.W
+        valid = self.valid
+        self.P = P = self._pad(fw.pos, np.inf)
+        L = self._pad(fw.log_width, -np.inf)
+        w = self._pad(fw.width, 1.0)
+        r = np.where(valid, P - P[:, :1], 0.0)
+        targets, cum = fw.targets, fw.cum_target
+        # each row's count of cells with 2 p <= x, for x = -1 .. 2 max n (the first column: x = -1)
+        self.two_p = np.where(valid, 2.0 * P, 0.0)
+        self.two_top = float(2.0 * fw.n.max()) + 1.0
+        top = int(self.two_top) + 2
+        if top <= _RANK_TABLE * W + 16:  # ranks about as many as cells: a table per row
+            hits = np.zeros((G, top), dtype=np.int64)
+            hits.ravel()[((np.arange(G) * top)[:, None] + self.two_p.astype(np.int64) + 1)[valid]] = 1
+            self.count_le = np.cumsum(hits, axis=1)
+        else:  # many ties: a search over all rows (keys shifted into disjoint ranges)
+            self.count_le = None
+        self.blocks = {}
+        self.windows = []
+        ok = c * (r.max(axis=1) + targets.max(axis=1)) <= _DENSE_SPAN
+        self.Ep = np.where(valid, np.exp(c * r), 0.0)
+        self.Em = np.where(valid, np.exp(-c * r), 0.0)
+        # R_k(w) = C(w + k - 1, k) / w, linear: log R_k summed left to right, then one exp
+        log_r = np.zeros((m, G, W))
+        for k in range(2, m + 1):
+            np.add(log_r[k - 2], np.log(w + (k - 1.0)) - math.log(k), out=log_r[k - 1])
+        top_r = log_r.max(axis=2).T  # (G, m): the largest log R_k of each row
+        ok &= top_r[:, -1] <= _DENSE_SOURCES
+        R = np.exp(log_r, out=log_r)
+        first = fw.first - self.coff[:-1, None]  # band j of group g: columns [first, first + length)
+        col = self.col
+        inb = (col[None, None, :] >= first[:, :, None]) & (col[None, None, :] < (first + fw.length)[:, :, None])
+        end = first + fw.length
+        any_overlap = (np.minimum(end[:, :, None], end[:, None, :])
+                       > np.maximum(first[:, :, None], first[:, None, :])).any(axis=0)  # (m, m)
+        A = np.empty((m, G, W))  # log A_j minus nu_j, -inf outside band j
+        a_lin = np.empty((m, G, W))  # exp of it
+        a_min = np.zeros((G, m))  # the smallest finite entry of each A_j row
+        S = np.empty((m, G, W))
+        nu = fw.nu  # filled in place
+        cache = {}
+        causal = np.zeros((G, W + 1))
+        for j in range(1, m + 1):
+            band = inb[:, j - 1]
+            t = targets[:, j - 1]
+            if j == 1:
+                A[0] = np.where(band, L - c * np.abs(P - t[:, None]), -np.inf)
+                nu_a = np.zeros(G)
+            else:
+                e = np.exp(S[j - 2])
+                ok &= np.where(e > 0.0, e, 1.0).min(axis=1) >= _MIN_SOURCE
+                key = t.tobytes()
+                if key not in cache:
+                    cache[key] = self._structure(t)
+                st = cache[key]
+                np.cumsum(e * self.Ep, axis=1, out=causal[:, 1:])  # causal[:, x]: sources before x
+                part = np.take_along_axis(causal, st["lo"], axis=1) * st["causal_factor"]
+                v = e * self.Em
+                pre, suf = v, v.copy()
+                for d, mp, ms in st["steps"]:
+                    pre[:, d:] += pre[:, :-d] * mp
+                    suf[:, :-d] += suf[:, d:] * ms
+                win = np.take_along_axis(suf, st["lo_c"], axis=1) * st["use_suf"]
+                win[:, 1:] += pre[:, :-1] * st["use_pre"][:, 1:]
+                win += np.take_along_axis(pre, st["sf1"], axis=1) * st["use_mid"]
+                part += win * st["window_factor"]
+                A[j - 1] = np.where(band, L + np.log(part), -np.inf)
+                nu_a = nu[:, j - 2]
+            nu[:, j - 1] = nu_a
+            # S_j = sum over k of A_{j-k+1} R_k prod phi(0), in linear space under a per-row
+            # scale H (every term <= 1); guard: every term >= exp(-_DENSE_SOURCES - 350)
+            fin = np.isfinite(A[j - 1])
+            a_top = np.where(fin, A[j - 1], -np.inf).max(axis=1)
+            a_low = np.where(fin, A[j - 1], np.inf).min(axis=1)
+            ks, offs = [1], [np.zeros(G)]
+            for jp in range(j - 1, 0, -1):
+                if any_overlap[j - 1, jp - 1]:
+                    ks.append(j - jp + 1)
+                    offs.append((nu[:, jp - 1] - nu[:, j - 1]) - c * (cum[:, j - 1] - cum[:, jp - 1]))
+            tops = [a_top] + [offs[i] + top_r[:, ks[i] - 1] for i in range(1, len(ks))]
+            H = np.max(tops, axis=0)  # the row's largest possible term
+            H = np.where(np.isfinite(H), H, 0.0)
+            lows = [a_low] + [a_min[:, j - ks[i]] + offs[i] for i in range(1, len(ks))]
+            ok &= np.min(lows, axis=0) - H >= -_DENSE_SOURCES - _DENSE_SPAN
+            total = np.exp(A[j - 1] - H[:, None])
+            for k, off in zip(ks[1:], offs[1:]):
+                jp = j - k + 1
+                total += a_lin[jp - 1] * np.exp(off - H)[:, None] * R[k - 1]
+            s = np.where(band, np.log(total) + H[:, None], -np.inf)
+            shift = s.max(axis=1)
+            lost = ~np.isfinite(shift)
+            if lost.any():  # cannot happen (the reference sequence has mass): refused, not raised
+                ok &= ~lost
+                shift[lost] = 0.0
+            A[j - 1] -= shift[:, None]
+            np.exp(A[j - 1], out=a_lin[j - 1])
+            a_min[:, j - 1] = a_low - shift
+            S[j - 1] = s - shift[:, None]
+            nu[:, j - 1] = nu_a + shift
+        # the flat tables of fw, for the backward pass
+        fw.A_all = np.empty(int(fw.base[-1]))
+        fw.S_all = np.empty(int(fw.base[-1]))
+        for j in range(1, m + 1):
+            at = fw.gid[j - 1] * W + (fw.cells[j - 1] - self.coff[fw.gid[j - 1]])
+            part = slice(int(fw.base[j - 1]), int(fw.base[j]))
+            fw.A_all[part] = A[j - 1].ravel()[at]
+            fw.S_all[part] = S[j - 1].ravel()[at]
+            fw.A.append(fw.A_all[part])
+            fw.S.append(fw.S_all[part])
+        return ok
 
 
 def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarray:

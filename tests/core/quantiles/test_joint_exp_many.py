@@ -60,7 +60,7 @@ def _mismatches(m, neighboring):
             bad.append((g, None, "nu"))
         for j in range(m):
             part = slice(batch.off[j, g], batch.off[j, g + 1])
-            for table in ("A", "G_max", "S"):
+            for table in ("A", "S"):
                 if not np.array_equal(getattr(batch, table)[j][part], getattr(alone, table)[j]):
                     bad.append((g, j, table))
             if not np.array_equal(batch.cells[j][part] - batch.first[g, j], alone.cells[j] - alone.first[0, j]):
