@@ -113,15 +113,7 @@ class CodeCounter:
             del codes
         if weighted:
             parts.append(sum_weighted(weighted))
-        if len(parts) == 1:
-            self.codes, self.counts = parts[0]
-        else:
-            codes = np.concatenate([c for c, _ in parts])
-            order = np.argsort(codes, kind="stable")  # sorted runs: timsort merges them
-            codes = codes[order]
-            counts = np.concatenate([w for _, w in parts])[order]
-            del parts, order
-            self.codes, self.counts = reduce_sorted(codes, counts)
+        self.codes, self.counts = _merge_sorted(parts)
         self._few_ties = int(self.counts.sum()) <= 2 * self.codes.size
 
 
@@ -271,12 +263,9 @@ class Fold:
         at a time. The codes below the smallest last gid among the buffers of the runs not yet
         read to their end are complete (every run is sorted), so they are merged (equal codes
         of different runs summed), and the buffer that holds that gid reads its next chunk."""
-        if not self._runs:
-            if self._spill is None:
-                self.fine.compact()
+        if not self._runs:  # finish() compacted the fine counts
             yield self
             return
-        self.fine.compact()
         self._run_file.flush()
         sources = len(self._runs) + 1
         chunk = max(1 << 16, self.budget // (2 * sources))
@@ -292,15 +281,14 @@ class Fold:
             live = [b for b in bufs if b[2] is not None]
             limit = min(int(b[0][-1]) >> self.SHIFT for b in live) if live else None
             cut = None if limit is None else limit << self.SHIFT
-            codes, counts = [], []
+            done = []
             for b in bufs:
                 i = b[0].size if cut is None else int(np.searchsorted(b[0], cut))
                 if i:
-                    codes.append(b[0][:i])
-                    counts.append(b[1][:i])
+                    done.append((b[0][:i], b[1][:i]))
                     b[0], b[1] = b[0][i:], b[1][i:]
-            if codes:
-                merged = _merge_sorted(codes, counts)
+            if done:
+                merged = _merge_sorted(done)
                 pending.append(merged)
                 held += merged[0].size
             if held >= self.budget:
@@ -314,7 +302,7 @@ class Fold:
             *whole, rest = self._cut(pending)
             yield from whole
             if rest[0].size:
-                yield self._slice([rest])
+                yield self._slice(*rest)
 
     def _cut(self, parts):
         """Whole groups (sorted ``(codes, counts)`` pieces) cut at group boundaries into unspilled
@@ -327,7 +315,7 @@ class Fold:
         while codes.size - at >= self.budget:
             # the first group boundary at or after `budget` codes from `at`
             end = int(np.searchsorted(gid, gid[at + self.budget - 1], side="right"))
-            out.append(self._slice([(codes[at:end], counts[at:end])]))
+            out.append(self._slice(codes[at:end], counts[at:end]))
             at = end
         return (*out, (codes[at:], counts[at:]))
 
@@ -344,10 +332,10 @@ class Fold:
             else:
                 b[0], b[1] = got
 
-    def _slice(self, parts) -> "Fold":
+    def _slice(self, codes, counts) -> "Fold":
+        """An unspilled fold holding these whole groups' sorted distinct codes and counts."""
         part = Fold(self.budget, self.shrink)
-        part.fine.codes = np.concatenate([c for c, _ in parts])
-        part.fine.counts = np.concatenate([w for _, w in parts])
+        part.fine.codes, part.fine.counts = codes, counts
         return part
 
     def _start_spill(self) -> None:
@@ -446,10 +434,13 @@ class Fold:
             self._run_file.close()
 
 
-def _merge_sorted(codes, counts):
-    """Distinct codes and summed counts of several sorted (codes, counts) pieces."""
-    if len(codes) == 1:
-        return codes[0], counts[0]
-    c = np.concatenate(codes)
-    order = np.argsort(c, kind="stable")  # sorted pieces: timsort merges them
-    return reduce_sorted(c[order], np.concatenate(counts)[order])
+def _merge_sorted(parts):
+    """Distinct codes and summed counts of several sorted ``(codes, counts)`` pieces (each
+    piece's codes distinct). Empties ``parts``, so that the pieces are freed before the sort."""
+    if len(parts) == 1:
+        return parts.pop()
+    codes = np.concatenate([c for c, _ in parts])
+    counts = np.concatenate([w for _, w in parts])
+    parts.clear()
+    order = np.argsort(codes, kind="stable")  # sorted runs: timsort merges them
+    return reduce_sorted(codes[order], counts[order])
