@@ -6,6 +6,8 @@ Run from the repository root (core only, no Spark)::
     .venv/bin/python benchmarks/choosing_auto_grid.py             # the whole grid of cases
     .venv/bin/python benchmarks/choosing_auto_grid.py --from-csv out/benchmarks/choosing_auto_grid/errors.csv
                                                                   # the ratio table again, no new runs
+    .venv/bin/python benchmarks/choosing_auto_grid.py --only continuous --ms 99,199 --update --merge
+                                                                  # some cases again, the others kept
 
 The grid of cases (every combination, bounds given):
 
@@ -18,8 +20,9 @@ m           1, 3, 9, 29, 99, 199 quantiles, evenly spaced: ``q_j = j / (m + 1)``
 n epsilon   10, 100, 1e3, 1e4, 1e5, 1e6, 1e7 as (n, epsilon) = (1e3, 0.01), (1e3, 0.1), (1e3, 1),
             (1e4, 1), (1e4, 10), (1e5, 10), (1e5, 100): n stops at 1e5 to keep the run affordable,
             so the two largest sizes use a large epsilon
-mechanism   ``joint_exp``, ``ind_exp``, ``approx_quantiles``, ``agg_tree``, ``histogram`` (their
-            defaults, add/remove neighbours, ``granularity`` passed when the data has one)
+mechanism   ``joint_exp``, ``ind_exp``, ``approx_quantiles``, ``agg_tree``, ``histogram``,
+            ``agg_tree_8x3``, ``agg_tree_8x4`` (their defaults, add/remove neighbours,
+            ``granularity`` passed when the data has one)
 
 Each repetition draws a fresh dataset (seed = repetition) and one release per mechanism (seeded
 generator); the error is the mean over the m quantiles of ``|released - true|``, the true quantile
@@ -54,7 +57,8 @@ sys.path.insert(0, ROOT)
 from dpq_spark.core.quantiles._pure import get_base_mechanism  # noqa: E402
 from dpq_spark.core.quantiles.choose import choose_mechanism, grid_points  # noqa: E402
 
-MECHANISMS = ("joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram")
+MECHANISMS = ("joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram",
+              "agg_tree_8x3", "agg_tree_8x4")
 MS = (1, 3, 9, 29, 99, 199)
 REPS = {1: 80, 3: 60, 9: 40, 29: 24, 99: 12, 199: 8}
 SIZES = ((1_000, 0.01), (1_000, 0.1), (1_000, 1.0), (10_000, 1.0), (10_000, 10.0),
@@ -143,6 +147,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ms", default=None, help="comma-separated m (default: all of the grid)")
     parser.add_argument("--from-csv", default=None, help="recompute the ratios from an errors.csv")
     parser.add_argument("--update", action="store_true", help="write to benchmarks/results/")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --update: keep the stored cases this run does not measure")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "benchmarks", "choosing_auto_grid"),
                         help="output folder (without --update)")
     args = parser.parse_args(argv)
@@ -158,7 +164,13 @@ def main(argv=None) -> int:
             ms, sizes, scale = (1, 9, 99), (SIZES[1], SIZES[3], SIZES[5]), scale / 4
         if args.ms:
             ms = tuple(int(v) for v in args.ms.split(","))
-        rows = []
+        rows, kept = [], []
+        if args.merge:  # the stored cases outside this run's grid stay as they were measured
+            with open(os.path.join(out_dir, prefix + "errors.csv")) as f:
+                kept = list(csv.DictReader(f))
+            mine = {(kind, str(m), str(n), str(eps)) for kind in args.only.split(",")
+                    for n, eps in sizes for m in ms}
+            kept = [r for r in kept if (r["data"], r["m"], r["n"], r["epsilon"]) not in mine]
         for kind in args.only.split(","):
             for n, eps in sizes:
                 for m in ms:
@@ -169,7 +181,8 @@ def main(argv=None) -> int:
                                      "reps": reps, "mae": f"{mae:.6g}", "se": f"{se:.3g}"})
                     print(f"{kind:10s} m={m:3d} n={n:6d} eps={eps:g}: {time.perf_counter() - t:.1f} s",
                           file=sys.stderr, flush=True)
-                    write_csv(os.path.join(out_dir, prefix + "errors.csv"), rows)
+                    write_csv(os.path.join(out_dir, prefix + "errors.csv"), kept + rows)
+        rows = kept + rows
     ratios = ratio_rows(rows)
     if not args.from_csv or args.update:
         write_csv(os.path.join(out_dir, prefix + "ratios.csv"),

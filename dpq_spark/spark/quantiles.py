@@ -38,7 +38,7 @@ from dpq_spark.spark._release import (
 from dpq_spark.spark._selection import laplace_scale, selection_threshold
 from dpq_spark.spark._workers import check_workers
 
-__all__ = ["dp_quantiles", "release_request", "DEFAULT_RESOLUTION"]
+__all__ = ["dp_quantiles", "release_request", "collect_keys", "DEFAULT_RESOLUTION"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +175,10 @@ def dp_quantiles(
         row count: public under swap, else a noisy count with 5% of the group's epsilon;
         :mod:`dpq_spark.core.quantiles.choose`): IndExp for one quantile, the 16-bin histogram when
         ``n epsilon < 25``, JointExp up to about 35 quantiles at ``n epsilon = 1000``, then
-        ApproxQuantiles, then AggTree. Or a pure mechanism by name: ``"joint_exp"``,
-        ``"ind_exp"``, ``"approx_quantiles"``, ``"agg_tree"``, ``"histogram"``.
+        ApproxQuantiles, then AggTree (for 50 quantiles or more at moderate ``n epsilon``, on a
+        smaller tree). Or a pure mechanism by name: ``"joint_exp"``, ``"ind_exp"``,
+        ``"approx_quantiles"``, ``"agg_tree"``, ``"histogram"``, ``"agg_tree_8x3"``,
+        ``"agg_tree_8x4"``.
     selection_fraction : float, default 0.5
         Share of ``epsilon`` spent on partition selection when ``delta`` is given.
     bounds_share : float, optional
@@ -355,20 +357,29 @@ def release_request(req: QuantileRequest) -> DataFrame:
     return out
 
 
+def collect_keys(req: QuantileRequest) -> QuantileRequest:
+    """``req`` with a DataFrame of public keys collected into the Arrow table a list becomes
+    while validating (its distinct keys, normalised as Spark groups them: one job over the
+    keys, never over the data); any other request as it is. The keys are public, so collecting
+    them spends nothing; a caller that needs them before the release (a budget session's
+    digest) collects them once here."""
+    if req.groups is None or isinstance(req.groups, pa.Table):
+        return req
+    table = to_arrow(flow.key_frame(req.keys, req.groups))
+    if table.num_rows == 0:
+        raise ValueError("`groups` DataFrame holds no keys: give at least one key (a release "
+                         "over no groups would answer nothing)")
+    table = pa.table({k: normalise(table.column(k).combine_chunks()) for k in req.keys})
+    return dataclasses.replace(req, groups=table)
+
+
 def _public_keys(req: QuantileRequest) -> pa.Table | None:
     """The public keys as an Arrow table with ``KEY_HASH`` (a per-key seed offset, used only
-    when the caller passed a Generator; 0 otherwise). A list was turned into a table while
-    validating (no job); a DataFrame's distinct keys are collected (one job)."""
+    when the caller passed a Generator; 0 otherwise), from :func:`collect_keys`."""
+    req = collect_keys(req)
     if req.groups is None:
         return None
-    if isinstance(req.groups, pa.Table):
-        table = req.groups
-    else:
-        table = to_arrow(flow.key_frame(req.keys, req.groups))
-        if table.num_rows == 0:
-            raise ValueError("`groups` DataFrame holds no keys: give at least one key (a release "
-                             "over no groups would answer nothing)")
-        table = pa.table({k: normalise(table.column(k).combine_chunks()) for k in req.keys})
+    table = req.groups
     if req.seeded:
         rows = zip(*[table.column(k).to_pylist() for k in req.keys])
         hashes = [key_seed(values) for values in rows]

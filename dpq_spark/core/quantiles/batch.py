@@ -3,8 +3,8 @@
 :func:`release_many` releases every group with exactly the distribution of calling the group's
 mechanism on that group alone (:func:`dpq_spark.core.auto`, :func:`~dpq_spark.core.joint_exp`,
 :func:`~dpq_spark.core.ind_exp`, :func:`~dpq_spark.core.approx_quantiles`,
-:func:`~dpq_spark.core.agg_tree` or :func:`~dpq_spark.core.histogram`, with given bounds and the
-default granularity), all draws
+:func:`~dpq_spark.core.agg_tree` (with its sized trees, :mod:`~dpq_spark.core.quantiles.sized_tree`)
+or :func:`~dpq_spark.core.histogram`, with given bounds and the default granularity), all draws
 independent. What it saves is work that does not change a distribution:
 
 - *Public arguments once.* ``epsilon``, ``quantiles``, the bounds (and the public
@@ -109,14 +109,18 @@ from dpq_spark.core.quantiles._logscan import lgamma
 from dpq_spark.core.quantiles.joint_exp import _LOG_BAND_TOL, _bands, _grid_cells, _tie_rank
 from dpq_spark.core.quantiles.joint_exp_many import CELLS_HELD
 from dpq_spark.core.quantiles.joint_exp_many import _sample_many as _joint_many
+from dpq_spark.core.quantiles.sized_tree import SIZED_TREES
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
 from dpq_spark.core.quantiles.single_quantile import GridCells
 
 __all__ = ["release_many", "BatchRelease", "FlatGroups", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
 
 #: The mechanisms :func:`release_many` runs (``"auto"`` picks among the others).
-BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram")
-_COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", "histogram")  # coarse_cells=True: coarse cells
+BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram",
+                    *SIZED_TREES)
+#: The trees of fixed shape ``(branching, height)`` (the histogram is a one-level tree).
+_FIXED_TREES = {"histogram": (HISTOGRAM_BINS, 1), **SIZED_TREES}
+_COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", *_FIXED_TREES)  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
 ENUMERATE_MAX = 4096
@@ -172,7 +176,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         ``Grid(lower, upper, granularity)`` (without ``granularity`` the default grid of 2**32
         steps), as in the per-group core mechanisms.
     neighboring : {"add_remove", "swap"} or NeighboringRelation
-    mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram"}
+    mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram", \
+"agg_tree_8x3", "agg_tree_8x4"}
         ``"auto"`` (default) is :func:`dpq_spark.core.auto` per group: under add/remove a noisy
         count with ``count_share * epsilon``, then the public rule.
     rng : numpy.random.Generator, RandomSource or None
@@ -183,7 +188,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         Share of epsilon for auto's noisy count (add/remove only), in (0, 1), default 0.05.
     branching, height : int
         AggTree's tree (defaults 16 and 4, as :func:`~dpq_spark.core.agg_tree`). The
-        histogram always has its default 16 bins.
+        histogram always has its default 16 bins, and the sized trees the shape their names say
+        (:mod:`~dpq_spark.core.quantiles.sized_tree`).
     grid_indices : bool
         ``True``: every group's first array holds integer indices ``0..N`` of
         ``Grid(lower, upper)`` (e.g. computed by Spark) instead of values. The grid mechanisms
@@ -286,8 +292,8 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     for name, members in by_name.items():
         members = np.asarray(members, dtype=np.int64)
         coarse = coarse_x is not None and name in _COARSE_MECHANISMS
-        if name in ("agg_tree", "histogram"):  # the histogram is a one-level tree
-            shape = (b, h) if name == "agg_tree" else (HISTOGRAM_BINS, 1)
+        if name == "agg_tree" or name in _FIXED_TREES:
+            shape = _FIXED_TREES.get(name, (b, h))
             if x is None and not coarse:
                 x = grid.value(snapped)
             values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,

@@ -15,13 +15,19 @@ name                  guarantee                    neighbouring        extra key
 ``csmooth``           ``epsilon**2/2``-zCDP        add_remove, swap    ``t=None``
 ``agg_tree``          pure ``epsilon``-DP          add_remove, swap    ``branching=16, height=4``
 ``histogram``         pure ``epsilon``-DP          add_remove, swap    ``bins=16``
+``agg_tree_8x3``      pure ``epsilon``-DP          add_remove, swap    (none)
+``agg_tree_8x4``      pure ``epsilon``-DP          add_remove, swap    (none)
 ``approx_quantiles``  pure ``epsilon``-DP          add_remove, swap    (none)
 ``auto``              pure ``epsilon``-DP          add_remove, swap    ``n_hint``, ``count_share``
 ====================  ===========================  ==================  =========================
 
-``auto`` (:mod:`dpq_spark.core.quantiles.choose`) picks one of the five pure mechanisms from ``m``, ``n``
+``agg_tree_8x3`` and ``agg_tree_8x4`` (:mod:`dpq_spark.core.quantiles.sized_tree`) are AggTree on
+an 8-ary tree of height 3 or 4, the trees ``auto`` runs for many quantiles at moderate
+``n * epsilon``.
+
+``auto`` (:mod:`dpq_spark.core.quantiles.choose`) picks one of the seven pure mechanisms from ``m``, ``n``
 and ``epsilon`` and returns a :class:`~dpq_spark.core.quantiles.release.QuantileRelease` whose
-``.mechanism`` names it. In the five pure entries and ``auto``, ``lower`` and ``upper`` are
+``.mechanism`` names it. In the seven pure entries and ``auto``, ``lower`` and ``upper`` are
 optional: a missing bound is released privately first with ``bounds_share`` of epsilon (default
 0.2; :mod:`dpq_spark.core.quantiles.bounds`), and the result is then a ``QuantileRelease`` carrying the
 bounds used.
@@ -33,7 +39,7 @@ also holds for add/remove neighbours (see :mod:`dpq_spark.core.quantiles.smooth_
 
 ``FLOAT_SAFE`` says whether a mechanism's releases are fixed functions of integers sampled
 exactly from uniform random bits, so that its guarantee survives floating point
-(Mironov, CCS 2012): ``agg_tree`` adds exact discrete Laplace noise to integer counts. Smooth,
+(Mironov, CCS 2012): ``agg_tree`` (and its sized trees) adds exact discrete Laplace noise to integer counts. Smooth,
 CSmooth and AppIndExp, the ``(epsilon, delta)`` and zCDP baselines kept for the paper's
 experiments, add continuous float noise and are *not* float-safe: their guarantee holds for the
 real-number mechanism only, and a released float may be impossible under a neighbouring dataset.
@@ -51,7 +57,8 @@ from dpq_spark.core.quantiles.ind_exp import app_ind_exp
 from dpq_spark.core.quantiles.smooth import csmooth, smooth
 
 __all__ = ["MECHANISMS", "GUARANTEES", "FLOAT_SAFE", "get_mechanism", "get_base_mechanism", "auto",
-           "joint_exp", "ind_exp", "agg_tree", "histogram", "approx_quantiles"]
+           "joint_exp", "ind_exp", "agg_tree", "histogram", "approx_quantiles", "agg_tree_8x3",
+           "agg_tree_8x4"]
 
 # The pure mechanisms as the package offers them: ``lower``/``upper`` optional, a missing bound released
 # privately first with ``bounds_share`` of epsilon (dpq_spark.core.quantiles.bounds). With both bounds given
@@ -61,6 +68,8 @@ ind_exp = with_private_bounds(_BASE["ind_exp"])
 agg_tree = with_private_bounds(_BASE["agg_tree"])
 histogram = with_private_bounds(_BASE["histogram"])
 approx_quantiles = with_private_bounds(_BASE["approx_quantiles"])
+agg_tree_8x3 = with_private_bounds(_BASE["agg_tree_8x3"])
+agg_tree_8x4 = with_private_bounds(_BASE["agg_tree_8x4"])
 
 MECHANISMS: dict[str, Callable] = {
     "auto": auto,
@@ -72,6 +81,8 @@ MECHANISMS: dict[str, Callable] = {
     "agg_tree": agg_tree,
     "histogram": histogram,
     "approx_quantiles": approx_quantiles,
+    "agg_tree_8x3": agg_tree_8x3,
+    "agg_tree_8x4": agg_tree_8x4,
 }
 
 GUARANTEES: dict[str, str] = {
@@ -84,11 +95,13 @@ GUARANTEES: dict[str, str] = {
     "agg_tree": "pure",
     "histogram": "pure",
     "approx_quantiles": "pure",
+    "agg_tree_8x3": "pure",
+    "agg_tree_8x4": "pure",
 }
 
 #: True when every released number is a fixed function of exactly sampled integers (no float
 #: noise or float uniform decides an output): the grid mechanisms release grid points drawn
-#: exactly (joint_exp.py, single_quantile.py, grid.py), AggTree and the histogram add exact
+#: exactly (joint_exp.py, single_quantile.py, grid.py), AggTree (any shape) and the histogram add exact
 #: discrete Laplace.
 FLOAT_SAFE: dict[str, bool] = {
     "auto": True,  # every mechanism it may pick is float-safe
@@ -100,6 +113,8 @@ FLOAT_SAFE: dict[str, bool] = {
     "agg_tree": True,
     "histogram": True,
     "approx_quantiles": True,
+    "agg_tree_8x3": True,
+    "agg_tree_8x4": True,
 }
 
 
