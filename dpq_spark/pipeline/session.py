@@ -46,7 +46,7 @@ from dpq_spark.spark._arguments import parse_request
 from dpq_spark.spark._compat import create_dataframe, is_dataframe, to_arrow
 from dpq_spark.spark._workers import check_workers
 from dpq_spark.spark.median_session import MedianMechanismSession, NumericColumn
-from dpq_spark.spark.quantiles import release_request
+from dpq_spark.spark.quantiles import collect_keys, release_request
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -213,6 +213,7 @@ class BudgetSession:
                       rng=rng)
         req = parse_request(self._data, column, **kwargs)  # validates; runs no job
         check_workers(self._data.sparkSession, "BudgetSession.quantiles", grouped=bool(req.keys))
+        req = collect_keys(req)  # once, for the digest below and the release (public keys only)
         params = _public_parameters("quantiles", column, kwargs, req)
         if name is not None:
             if not isinstance(name, str) or not name.strip():
@@ -434,10 +435,9 @@ def _public_parameters(kind: str, column: str, kwargs: dict, req) -> dict[str, A
 
 def _keys_digest(req) -> str | None:
     """A digest of the public keys (their count and SHA-256), not the keys themselves."""
-    groups = req.groups
-    if groups is None:
+    table = req.groups  # collected by collect_keys
+    if table is None:
         return None
-    table = groups if isinstance(groups, pa.Table) else to_arrow(groups.select(*req.keys))
     rows = sorted(json.dumps(r, sort_keys=True, default=str) for r in table.to_pylist())
     digest = hashlib.sha256("\n".join(rows).encode()).hexdigest()
     return f"{len(rows)} keys, sha256 {digest}"

@@ -72,6 +72,25 @@ def test_a_named_release_asked_again_is_the_stored_one_and_charges_once(books, l
     assert s.remaining.epsilon == pytest.approx(1.0) and fresh.shape == first.shape
 
 
+def test_keys_in_a_dataframe_are_collected_once_and_named_as_the_same_list(books, ledger_url,
+                                                                          spark, monkeypatch):
+    """A DataFrame of keys (duplicates, another order) is collected once per release, for the
+    stored digest and the release alike, and is the same release as the list of its keys."""
+    from dpq_spark.spark import _dataflow
+
+    init_ledger(ledger_url, dataset_id="books", epsilon_cap=3.0)
+    s = BudgetSession(books, ledger=ledger_url, dataset="books")
+    calls = []
+    real = _dataflow.key_frame
+    monkeypatch.setattr(_dataflow, "key_frame", lambda *a: calls.append(1) or real(*a))
+    keys = spark.createDataFrame(pd.DataFrame({"genre": ["b", "a", "b"]}))
+    first = release(s, name="by genre", group_by="genre", groups=keys).toPandas()
+    assert len(calls) == 1 and set(first["genre"]) == {"a", "b"}
+    again = release(s, name="by genre", group_by="genre", groups=["a", "b"]).toPandas()
+    pd.testing.assert_frame_equal(first, again)  # the stored release: the same keys' digest
+    assert s.remaining.epsilon == pytest.approx(2.0)
+
+
 def test_a_weaker_unit_is_refused_and_the_dataset_unit_applies(books, ledger_url):
     init_ledger(ledger_url, dataset_id="users", epsilon_cap=5.0,
                 unit=PrivacyUnit("user", max_rows_per_unit=3, max_groups_per_unit=1))
