@@ -1,4 +1,4 @@
-"""Time and peak memory of ``joint_exp`` against the issue's targets and the authors' figures.
+"""Time and peak memory of ``joint_exp`` against its targets and the authors' figures.
 
 Each case runs in a fresh subprocess so that its peak resident memory (``ru_maxrss``) is its own;
 the data are generated before the clock starts, and the figure reported is the best of

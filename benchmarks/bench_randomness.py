@@ -1,4 +1,4 @@
-"""What exact sampling from a cryptographic source costs (issue 9).
+"""What exact sampling from a cryptographic source costs.
 
 Run from the repository root (numpy only, no Spark)::
 
@@ -11,7 +11,7 @@ Parts:
    ``Generator`` (``Generator.bytes``), and one ``below`` (exact uniform integer) each.
 2. Noise: discrete Laplace at scale ~4, one draw at a time (pure Python) and 1e5 at once
    (vectorised), from both sources, against numpy's float ``Generator.laplace`` (what dpq_spark
-   used before issue 9).
+   used before exact noise).
 3. The median mechanism's easy query (two noisy tests per query), this checkout against an old
    one given by ``--old`` (e.g. ``git worktree add /tmp/old-main main``), each in its own
    subprocess, interleaved, the same configurations, ``rng=None`` (production) and a seeded

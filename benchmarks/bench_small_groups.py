@@ -1,4 +1,4 @@
-"""What a tiny group costs: the per-group path against ``release_many`` (issue 11, cheap groups).
+"""What a tiny group costs: the per-group path against ``release_many``.
 
 Run from the repository root (numpy only, no Spark)::
 

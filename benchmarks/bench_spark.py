@@ -1,4 +1,4 @@
-"""Benchmarks of ``dp_quantiles`` beside Spark's own ``percentile_approx`` (issue 11).
+"""Benchmarks of ``dp_quantiles`` beside Spark's own ``percentile_approx``.
 
 Run standalone; it starts its own local session with default memory settings (or
 ``--driver-memory``)::
@@ -10,7 +10,7 @@ Run standalone; it starts its own local session with default memory settings (or
     .venv/bin/python benchmarks/bench_spark.py --only many --many-groups 1000,10000,100000
     .venv/bin/python benchmarks/bench_spark.py --profile-worker 20000:100   # no Spark: cProfile
 
-Cases (issue 11 targets in brackets):
+Cases (targets in brackets):
 
 accuracy   bounds 1e4x wider than the data's spread, 1e6 rows, 10 groups, deciles, eps = 1:
            mean absolute error of dp_quantiles and of core ``joint_exp`` on each group's raw

@@ -101,6 +101,9 @@ probability under ``P~`` is within a factor ``exp(theta)`` of the pruned target,
 ``delta = (1 + exp(epsilon + eta)) 2**-59``. Example: n = 1e6, m = 30, eps = 1 (c = 0.26):
 ``M = 7.8e5``, ``gamma = 8.3e-8``, ``eta = 2.0e-5``, ``delta = 6.5e-18``. The uniform draws
 inside cells are exact. (Exact "interval refining" that removes ``eta`` is not implemented.)
+The batched sampler for many groups (:mod:`~dpq_spark.core.quantiles.joint_exp_many`, which the
+Spark path runs) keeps every run sum whole and states its own rounding bound, ``gamma_many``,
+and the ``eta`` that follows from it, in its module docstring.
 """
 
 from __future__ import annotations

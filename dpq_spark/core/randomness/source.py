@@ -39,8 +39,8 @@ class RandomSource:
     read_bytes : callable
         ``read_bytes(k)`` returns ``k`` independent, uniformly random bytes.
     cryptographic : bool
-        Whether ``read_bytes`` is a cryptographic generator (stated in release metadata and
-        checked by callers that insist on one).
+        Whether ``read_bytes`` is a cryptographic generator (stated in the job's release
+        metadata, so a release made with a test seed is recognisable).
     name : str
         Short description for logs (never a seed).
     """
