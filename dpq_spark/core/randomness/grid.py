@@ -272,6 +272,9 @@ def _draw_by_levels(used: list, sizes: list, members_of, mantissa_of, source) ->
 
 #: draw_index_rows: weights below 2**-_ROW_DEPTH of a row's largest share one envelope unit
 _ROW_DEPTH = 40
+#: draw_index_rows: at most this many proposals per row and round, and about this many cells
+#: compared per round (proposals times row length)
+_PROPOSALS, _ROUND_CELLS = 4, 1 << 20
 
 
 def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.ndarray:
@@ -309,18 +312,28 @@ def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.nd
     out = np.empty(G, dtype=np.int64)
     todo = np.arange(G)
     while todo.size:
-        u = source.below_array(cum[todo, -1])
-        r = (cum[todo] <= u[:, None]).sum(axis=1)  # the unit's weight: first cum above u
-        accept = np.zeros(todo.size, dtype=bool)
-        near = shallow[todo, r]
+        # K proposals per row in one round: each is accepted with probability >= 1/2, and the
+        # first accepted one of an i.i.d. sequence is what rejection returns one at a time
+        # (the later ones are independent of it and discarded), so this is the same law in
+        # fewer rounds
+        T = todo.size
+        K = int(min(_PROPOSALS, max(1, _ROUND_CELLS // (T * S))))
+        rows = np.repeat(todo, K)
+        u = source.below_array(cum[rows, -1])
+        r = (cum[rows] <= u[:, None]).sum(axis=1)  # the unit's weight: first cum above u
+        accept = np.zeros(rows.size, dtype=bool)
+        near = shallow[rows, r]
         if near.any():
-            coin = source.below_array(np.full(int(near.sum()), 2**53, dtype=np.uint64))
-            accept[near] = coin < f53[todo[near], r[near]]
+            coin = source.bits_array(53, int(near.sum()))
+            accept[near] = coin < f53[rows[near], r[near]]
         for i in np.flatnonzero(~near).tolist():  # a deep weight: f 2**(depth - L)
-            g, col = int(todo[i]), int(r[i])
+            g, col = int(rows[i]), int(r[i])
             accept[i] = source.below(1 << (53 + int(level[g, col]) - depth)) < int(f53[g, col])
-        out[todo[accept]] = r[accept]
-        todo = todo[~accept]
+        accept, r = accept.reshape(T, K), r.reshape(T, K)
+        done = accept.any(axis=1)
+        first = accept.argmax(axis=1)
+        out[todo[done]] = r[done, first[done]]
+        todo = todo[~done]
     return out
 
 

@@ -158,6 +158,15 @@ class RandomSource:
             todo = todo[~ok]
         return out.astype(np.int64).reshape(b.shape)
 
+    def bits_array(self, k: int, size: int) -> np.ndarray:
+        """``size`` independent uniform integers in ``[0, 2**k)``, ``0 <= k <= 63`` (``int64``):
+        the top ``k`` bits of uniform 64-bit words, exact with no rejection."""
+        if not 0 <= k <= 63:
+            raise ValueError(f"`k` must be in [0, 63], got {k}")
+        if k == 0:
+            return np.zeros(int(size), dtype=np.int64)
+        return (self.words(size) >> np.uint64(64 - k)).astype(np.int64)
+
     def public_generator(self) -> np.random.Generator:
         """A numpy generator seeded with 256 bits from this source, for public randomness only.
 

@@ -261,7 +261,11 @@ def test_small_groups_drawn_together_follow_the_core_at_nine_deciles(mechanism, 
                             counts=counts, rng=rng) for _ in range(1500)])
         cores.append(core)
         assert _two_sample_pvalue(out[i::3], core, values, counts) > ALPHA
-    assert _two_sample_pvalue(out[0::3], cores[1], *GROUPS["three"]) < ALPHA
+    # power, on each quantile's region alone (the joint sequences spread over too many cells
+    # to tell these two laws apart reliably), Bonferroni over the nine
+    wrong = min(_two_sample_pvalue(out[0::3][:, [j]], cores[1][:, [j]], *GROUPS["three"])
+                for j in range(deciles.size))
+    assert wrong * deciles.size < ALPHA
     empty = out[2::3]
     assert np.all(np.diff(empty, axis=1) >= 0) and np.all((empty >= LOWER) & (empty <= UPPER))
 
@@ -758,5 +762,12 @@ def test_small_groups_padded_to_their_widest_draw_as_padded_to_the_limit(monkeyp
     wide = release_many(groups, Q3, rng=np.random.default_rng(4), **kw).values
     assert np.array_equal(narrow, wide)
     monkeypatch.setattr(batch, "_distinct_rows", padded_to(-1))
-    assert not np.array_equal(narrow, release_many(groups, Q3, rng=np.random.default_rng(4),
-                                                   **kw).values)
+    # a lost point need not show in one seed's draws; over five seeds it does
+    changed = []
+    for seed in range(4, 9):
+        monkeypatch.setattr(batch, "_distinct_rows", real)
+        right = release_many(groups, Q3, rng=np.random.default_rng(seed), **kw).values
+        monkeypatch.setattr(batch, "_distinct_rows", padded_to(-1))
+        changed.append(not np.array_equal(
+            right, release_many(groups, Q3, rng=np.random.default_rng(seed), **kw).values))
+    assert any(changed)

@@ -339,3 +339,19 @@ def test_bit_length_is_exact_at_every_power_of_two():
     spread = rng.integers(0, 2**63, 10_000, dtype=np.uint64) >> rng.integers(0, 63, 10_000).astype(np.uint64)
     v = np.concatenate((np.array(edges, dtype=np.uint64), spread))
     assert _bit_length(v).tolist() == [int(x).bit_length() for x in v.tolist()]
+
+
+@pytest.mark.parametrize("k", [1, 3, 53, 63])
+def test_bits_array_is_uniform_on_its_range(k):
+    """bits_array(k, n): the top k bits of uniform words: in [0, 2**k), and uniform (the top
+    three bits' eight values, and the low bit, equally often); k outside [0, 63] is refused."""
+    source = resolve_rng(np.random.default_rng(11))
+    x = source.bits_array(k, 40_000)
+    assert x.dtype == np.int64 and x.min() >= 0 and int(x.max()) < 2**k
+    top = x >> max(k - 3, 0)
+    counts = np.bincount(top, minlength=2 ** min(k, 3))
+    assert stats.chisquare(counts).pvalue > 1e-4
+    assert abs(np.mean(x & 1) - 0.5) < 0.02
+    with pytest.raises(ValueError, match="`k` must be in"):
+        source.bits_array(64, 1)
+    assert source.bits_array(0, 3).tolist() == [0, 0, 0]
