@@ -46,11 +46,12 @@ independent. What it saves is work that does not change a distribution:
   all go through the core's batched sampler together
   (:func:`~dpq_spark.core.quantiles.joint_exp_many._sample_many`: each group with exactly the distribution the
   core's :func:`~dpq_spark.core.joint_exp_indices` gives it alone).
-- *IndExp and ApproxQuantiles* on at most 64 rows draw for all such groups at once: IndExp each
-  quantile, ApproxQuantiles each node of its recursion (whose shape is public and the same for
-  every group), with the core's cells and float64 log-weight expression and exact draws
-  (:func:`_exp_rows`); larger groups call the cores' samplers on the snapped data, with the
-  core's very draws.
+- *IndExp and ApproxQuantiles* draw for blocks of groups of similar sizes at once (padded rows
+  of about ``_BLOCK_POINTS`` points, :func:`_blocks`): IndExp each quantile, ApproxQuantiles each
+  node of its recursion (whose shape is public and the same for every group), with the core's
+  cells and float64 log-weight expression and exact draws (:func:`_exp_rows`); a group alone in
+  its block (a large one) calls the core's sampler on the snapped data, with the core's very
+  draws.
 - *draw_index* (:mod:`dpq_spark.core.randomness.grid`) draws from short weight lists in plain Python, with
   the same draws as before (this speeds up the per-group core mechanisms too).
 
@@ -124,7 +125,6 @@ _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", *_FIXED_TREES)  # coarse_c
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
 ENUMERATE_MAX = 4096
-_SMALL_POINTS = 64  # IndExp / ApproxQuantiles groups with at most this many rows draw together
 _CHUNK_NODES = 1 << 21  # AggTree: about this many node counts per chunk of groups (16 MiB each)
 
 
@@ -679,37 +679,69 @@ def _ind_exp(data, q, eps, relation, size, source) -> np.ndarray:
 
 
 def _ind_exp_many(k, counts, bounds, members, q, eps, relation, size, source) -> np.ndarray:
-    """IndExp grid indices for the groups ``members`` (shape ``(len(members), m)``): groups with
-    at most ``_SMALL_POINTS`` rows draw each quantile for all of them at once
-    (:func:`_exp_rows`, ``eps / m`` each), larger groups run the core's sampler one at a time."""
-    out = np.empty((members.size, q.size), dtype=np.int64)
-    pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
-    if pick.size:
-        zeros = np.zeros(pick.size, dtype=np.int64)
-        stop = np.full(pick.size, size, dtype=np.int64)
-        each = eps / q.size
+    """IndExp grid indices for the groups ``members`` (shape ``(len(members), m)``): each quantile
+    drawn for a block of groups at once (:func:`_exp_rows`, ``eps / m`` each; blocks of
+    :func:`_blocks`), a lone group by the core's sampler."""
+    each = eps / q.size
+
+    def rows(pts, mul, d):
+        zeros = np.zeros(d.size, dtype=np.int64)
+        stop = np.full(d.size, size, dtype=np.int64)
         draws = [_exp_rows(pts, mul, zeros, d.astype(np.int64), zeros, stop, float(v), each,
                            single_quantile_sensitivity(float(v), relation), source) for v in q]
-        out[pick] = np.sort(np.stack(draws, axis=1), axis=1)
-    for g in rest.tolist():
-        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
-        out[g] = _ind_exp(sort_data(k[lo:hi], counts[lo:hi], 0, size - 1), q, eps, relation, size,
-                          source)
-    return out
+        return np.sort(np.stack(draws, axis=1), axis=1)
+
+    def one(k_g, c_g):
+        return _ind_exp(sort_data(k_g, c_g, 0, size - 1), q, eps, relation, size, source)
+
+    return _blocks(k, counts, bounds, members, q.size, rows, one)
 
 
 def _approx_many(k, counts, bounds, members, q, eps, relation, top, source) -> np.ndarray:
-    """ApproxQuantiles grid indices for the groups ``members`` (shape ``(len(members), m)``):
-    groups with at most ``_SMALL_POINTS`` rows run the recursion together, node by
-    node (:func:`_approx_rows`); larger groups run the core's sampler one at a time."""
-    out = np.empty((members.size, q.size), dtype=np.int64)
-    pick, pts, mul, d, rest = _distinct_rows(k, counts, bounds, members, _SMALL_POINTS)
-    if pick.size:
-        out[pick] = _approx_rows(pts, mul, d, q, eps, relation, top, source)
-    for g in rest.tolist():
-        lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
-        data = sort_data(k[lo:hi], counts[lo:hi], 0, top)
-        out[g] = _approx_sample(data, top, q, eps, relation, source)
+    """ApproxQuantiles grid indices for the groups ``members`` (shape ``(len(members), m)``): the
+    recursion run for a block of groups at once, node by node (:func:`_approx_rows`; blocks of
+    :func:`_blocks`), a lone group by the core's sampler."""
+
+    def one(k_g, c_g):
+        return _approx_sample(sort_data(k_g, c_g, 0, top), top, q, eps, relation, source)
+
+    return _blocks(k, counts, bounds, members, q.size,
+                   lambda pts, mul, d: _approx_rows(pts, mul, d, q, eps, relation, top, source), one)
+
+
+#: IndExp / ApproxQuantiles: groups drawn together hold about this many padded points (rows
+#: times the block's widest group), a few tens of MiB of tables
+_BLOCK_POINTS = 1 << 17
+
+
+def _blocks(k, counts, bounds, members, m, rows, one) -> np.ndarray:
+    """Run a single-quantile-draw mechanism for the groups ``members``: ``rows(pts, mul, d)``
+    on padded rows (:func:`_distinct_rows`) for blocks of groups of similar sizes (sorted by
+    size, each block's groups times its largest size at most ``_BLOCK_POINTS``, or one group),
+    ``one(k_g, counts_g)`` for a block of a single group (the core's sampler, so that one large
+    group draws what the core draws from the same seed). Padding slots are cells of width 0
+    (weight 0, never drawn), so every path samples each group's own law; which block a group
+    joins depends on sizes only and changes no distribution."""
+    out = np.empty((members.size, m), dtype=np.int64)
+    sizes = bounds[members + 1] - bounds[members]
+    order = np.argsort(sizes, kind="stable")
+    ordered = sizes[order]
+    a = 0
+    while a < order.size:
+        # sizes increase: (j - a + 1) * ordered[j] is the block's load if it ends at j
+        ahead = ordered[a:a + _BLOCK_POINTS]  # a block holds at most that many groups
+        load = np.arange(1, ahead.size + 1) * np.maximum(ahead, 1)
+        b = a + max(1, int(np.searchsorted(load, _BLOCK_POINTS, side="right")))
+        block = order[a:b]
+        if block.size == 1:
+            g = int(block[0])
+            lo, hi = int(bounds[members[g]]), int(bounds[members[g] + 1])
+            out[g] = one(k[lo:hi], counts[lo:hi])
+        else:
+            pick, pts, mul, d, _ = _distinct_rows(k, counts, bounds, members[block],
+                                                  int(ordered[b - 1]))
+            out[block[pick]] = rows(pts, mul, d)
+        a = b
     return out
 
 

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 from scipy.stats import chi2_contingency, chisquare, kstest
 
 from dpq_spark.core import agg_tree, approx_quantiles, histogram, ind_exp, joint_exp
@@ -268,6 +269,28 @@ def test_small_groups_drawn_together_follow_the_core_at_nine_deciles(mechanism, 
     assert wrong * deciles.size < ALPHA
     empty = out[2::3]
     assert np.all(np.diff(empty, axis=1) >= 0) and np.all((empty >= LOWER) & (empty <= UPPER))
+
+
+def _ks_min_pvalue(a, b) -> float:
+    """Two-sample KS on each output column, Bonferroni over the columns."""
+    return min(stats.ks_2samp(a[:, j], b[:, j]).pvalue for j in range(a.shape[1])) * a.shape[1]
+
+
+@pytest.mark.parametrize("mechanism, fn", [("ind_exp", ind_exp), ("approx_quantiles", approx_quantiles)])
+def test_larger_groups_drawn_in_blocks_follow_the_core(mechanism, fn):
+    """Groups of 40-300 rows (blocks of similar sizes, padded to the widest) released together
+    in one call: a 150-row group's draws, interleaved with groups of other sizes, follow the
+    core's law, and the core at 2 epsilon is rejected."""
+    gen = np.random.default_rng(71)
+    target = (np.round(gen.normal(5, 2, 150), 2), gen.integers(1, 3, 150))
+    others = [(gen.uniform(-1, 11, k), None) for k in (40, 90, 300)]
+    draws = 1200
+    out = release_many([target, *others] * draws, Q3, epsilon=1.0, lower=LOWER, upper=UPPER,
+                       mechanism=mechanism, rng=np.random.default_rng(72)).values[0::4]
+    core = np.array([fn(target[0], Q3, epsilon=e, lower=LOWER, upper=UPPER, counts=target[1],
+                        rng=np.random.default_rng([73, i])) for e in (1.0, 2.0) for i in range(draws)])
+    assert _ks_min_pvalue(out, core[:draws]) > ALPHA
+    assert _ks_min_pvalue(out, core[draws:]) < ALPHA
 
 
 @pytest.mark.parametrize("mechanism, fn", [("ind_exp", ind_exp), ("approx_quantiles", approx_quantiles)])
