@@ -211,9 +211,6 @@ class _Forward:
         self.off = np.zeros((self.m, self.G + 1), dtype=np.int64)
         np.cumsum(self.length.T, axis=1, out=self.off[:, 1:])
         self.base = np.concatenate(([0], np.cumsum(self.off[:, -1])))  # step j at base[j-1]
-        self.gid = [np.repeat(np.arange(self.G), self.length[:, j]) for j in range(self.m)]
-        self.cells = [np.arange(self.off[j, -1]) + self._rep(j + 1, self.first[:, j] - self.off[j, :-1])
-                      for j in range(self.m)]
         self.A: list[np.ndarray] = []  # A_j on the bands j, stored minus nu[:, j-1]
         self.S: list[np.ndarray] = []  # S_j minus its group's nu (kept for the backward pass)
         self.nu = np.zeros((self.G, self.m))
@@ -222,13 +219,25 @@ class _Forward:
         """A per-group array spread over the cells of the bands j (1-based)."""
         return np.repeat(per_group, self.length[:, j - 1])
 
+    # The group and the global cell of every entry of a step's tables are built when a step
+    # needs them, not kept for all m steps (16 bytes a band cell: a sixth of a batch's memory).
+
+    def gid(self, j: int) -> np.ndarray:
+        """The group of each entry of the tables of the bands j (1-based)."""
+        return self._rep(j, np.arange(self.G))
+
+    def cells(self, j: int) -> np.ndarray:
+        """The global cell of each entry of the tables of the bands j (1-based)."""
+        return np.arange(self.off[j - 1, -1]) + self._rep(j, self.first[:, j - 1] - self.off[j - 1, :-1])
+
     def run(self) -> None:
         # every step's A and S in one array each (step j at base[j-1]); the lists hold views
         self.A_all = np.empty(int(self.base[-1]))
         self.S_all = np.empty(int(self.base[-1]))
         self._run_tables()
+        before = None  # the cells of the bands j - 1
         for j in range(1, self.m + 1):
-            cells = self.cells[j - 1]
+            cells = self.cells(j)
             L = self.log_width[cells]
             p = self.pos[cells]
             A = self.A_all[self.base[j - 1]:self.base[j]]
@@ -239,12 +248,12 @@ class _Forward:
                 # positions increase with the cell: the sources left of a cell are the cells before it
                 hi = np.clip(cells - self._rep(j, self.first[:, j - 2]), 0, self._rep(j, self.length[:, j - 2]))
                 hi += self._rep(j, self.off[j - 2, :-1])
-                np.add(L, _kernel_sums_many(self.pos[self.cells[j - 2]], self.S[-1], self.off[j - 2],
+                np.add(L, _kernel_sums_many(self.pos[before], self.S[-1], self.off[j - 2],
                                             p, self.off[j - 1], self.targets[:, j - 1], self.c, hi), out=A)
                 nu_a = self.nu[:, j - 2]
             self.A.append(A)
             self.nu[:, j - 1] = nu_a
-            S = self.run_sums(j)
+            S = self.run_sums(j, cells)
             shift = np.maximum.reduceat(S, self.off[j - 1, :-1])
             if not np.all(np.isfinite(shift)):  # cannot happen: the reference sequence has mass
                 raise FloatingPointError("JointExp forward pass lost all mass")
@@ -253,6 +262,7 @@ class _Forward:
             self.nu[:, j - 1] = nu_a + shift
             self.S.append(self.S_all[self.base[j - 1]:self.base[j]])
             np.subtract(S, shift_rep, out=self.S[-1])
+            before = cells
 
     def _run_tables(self) -> None:
         """``log R_k(w)`` (k = 1..m, a row per cell) on the cells that lie in two bands or more
@@ -288,7 +298,7 @@ class _Forward:
         idx = np.where(inside, self.base[jp - 1] + self.off[jp - 1, gid] + rel, 0)
         return idx, inside
 
-    def run_sums(self, j: int) -> np.ndarray:
+    def run_sums(self, j: int, cells: np.ndarray) -> np.ndarray:
         """S_j = log sum_k alpha(j, i, k) on the bands j, minus nu_j (the scale of the stored A_j).
 
         A run of k outputs in cell i (w grid points) carries ``C(w + k - 1, k) = w R_k(w)``
@@ -296,7 +306,8 @@ class _Forward:
         jp = j - k + 1 must lie in band jp. Every such run length is summed (no truncation): the
         cells of band j that lie in band jp form one range per group (the two bands'
         intersection), so the terms of all k are gathered range by range into a table of one
-        row per cell, and each row is summed as ``max + log(sum(exp(term - max)))``.
+        row per cell, and each row is summed as ``max + log(sum(exp(term - max)))``. ``cells``:
+        :meth:`cells` of step j.
         """
         A = self.A[j - 1]
         if j == 1:
@@ -312,7 +323,6 @@ class _Forward:
         nu, P, m = self.nu, self.cum_target, self.m
         table = np.full((A.size, kmax), -np.inf)
         table[:, 0] = A
-        cells = self.cells[j - 1]
         rows = None
         for jp in used[used >= j - kmax].tolist():
             jp += 1
@@ -443,13 +453,17 @@ def _sample_many(cells_list, q, c, size, source, rows=None, bands=None) -> np.nd
     return out
 
 
-#: band cells (summed over the m steps) of the groups one forward pass holds; about 100 bytes
-#: each across the tables
+#: band cells (summed over the m steps) of the groups one forward pass holds; about 90 bytes
+#: each across the tables. Not smaller: each batch pays the backward pass's rounds of draws, so
+#: 2**19 made 1e5 groups of 10 rows about 1.1x slower, 2**18 about 1.3x
+#: (benchmarks/bench_worker_memory.py)
 _BATCH_CELLS = 1 << 20
 
 #: cells (of :func:`~dpq_spark.core.quantiles.joint_exp._grid_cells`, four 8-byte arrays each) that a
-#: caller builds for many groups before sampling them and building the next ones
-CELLS_HELD = 1 << 21
+#: caller builds for many groups before sampling them and building the next ones: 16 MiB, and
+#: as much again for their hulls' copy in :func:`_sample_set` (2**21 cost a worker of 500 groups
+#: x 1e4 rows about 100 MiB more peak RSS, for no speed)
+CELLS_HELD = 1 << 19
 
 
 def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarray:
@@ -527,8 +541,9 @@ def _draw_rows(fw, start, width, rows, source, out) -> np.ndarray:
     """One draw per entry of ``rows`` (groups of ``fw``) from finished forward tables: the last
     output's cell, the cells backwards by runs (:func:`_backward`), the grid points of every run."""
     m, c = fw.m, fw.c
-    last = fw.cells[m - 1]
-    log_w_last = fw.S[m - 1] - c * np.abs(fw.n[fw.gid[m - 1]] - fw.pos[last] - fw.targets[fw.gid[m - 1], m])
+    last, gid = fw.cells(m), fw.gid(m)
+    log_w_last = fw.S[m - 1] - c * np.abs(fw.n[gid] - fw.pos[last] - fw.targets[gid, m])
+    del last, gid
     i = fw.first[rows, m - 1] + _draw_segments(log_w_last, fw.off[m - 1, rows], fw.length[rows, m - 1], source)
     cell_of = _backward(fw, rows, i, source)
     # runs of equal cells: one uniform multiset of grid points each, drawn per run length
@@ -552,7 +567,8 @@ def _draw_rows(fw, start, width, rows, source, out) -> np.ndarray:
 
 #: groups whose bands together span at most this many cells take the dense path (:class:`_Dense`)
 _DENSE_WIDTH = 768
-#: cells times steps of the groups one dense pass holds (its tables: about 60 bytes each)
+#: cells times steps of the groups one dense pass holds (its padded tables: R_k and exp A_j of
+#: every step, 17 bytes each; A_j and S_j are flattened step by step)
 _DENSE_ELEMENTS = 1 << 20
 #: the dense path's range guards, in nats: every source within _DENSE_SOURCES of its group's
 #: largest, and c (span of the ranks + largest target) at most _DENSE_SPAN; else the flat path
@@ -716,10 +732,14 @@ class _Dense:
         end = first + fw.length
         any_overlap = (np.minimum(end[:, :, None], end[:, None, :])
                        > np.maximum(first[:, :, None], first[:, None, :])).any(axis=0)  # (m, m)
-        A = np.empty((m, G, W))  # log A_j minus nu_j, -inf outside band j
-        a_lin = np.empty((m, G, W))  # exp of it
+        # A_j and S_j go to fw's flat tables at the end of step j; only the exp of every A_j
+        # (the run sums of later steps read it) and S_{j-1} (the sources of step j) stay padded
+        fw.A_all = np.empty(int(fw.base[-1]))
+        fw.S_all = np.empty(int(fw.base[-1]))
+        a = np.empty((G, W))  # log A_j minus nu_j, -inf outside band j
+        a_lin = np.empty((m, G, W))  # exp of it, every step
         a_min = np.zeros((G, m))  # the smallest finite entry of each A_j row
-        S = np.empty((m, G, W))
+        s_prev = None  # S_{j-1} minus nu_{j-1}, -inf outside band j - 1
         nu = fw.nu  # filled in place
         cache = {}
         causal = np.zeros((G, W + 1))
@@ -727,10 +747,10 @@ class _Dense:
             band = inb[:, j - 1]
             t = targets[:, j - 1]
             if j == 1:
-                A[0] = np.where(band, L - c * np.abs(P - t[:, None]), -np.inf)
+                a[:] = np.where(band, L - c * np.abs(P - t[:, None]), -np.inf)
                 nu_a = np.zeros(G)
             else:
-                e = np.exp(S[j - 2])
+                e = np.exp(s_prev)
                 ok &= np.where(e > 0.0, e, 1.0).min(axis=1) >= _MIN_SOURCE
                 key = t.tobytes()
                 if key not in cache:
@@ -747,14 +767,14 @@ class _Dense:
                 win[:, 1:] += pre[:, :-1] * st["use_pre"][:, 1:]
                 win += np.take_along_axis(pre, st["sf1"], axis=1) * st["use_mid"]
                 part += win * st["window_factor"]
-                A[j - 1] = np.where(band, L + np.log(part), -np.inf)
+                a[:] = np.where(band, L + np.log(part), -np.inf)
                 nu_a = nu[:, j - 2]
             nu[:, j - 1] = nu_a
             # S_j = sum over k of A_{j-k+1} R_k prod phi(0), in linear space under a per-row
             # scale H (every term <= 1); guard: every term >= exp(-_DENSE_SOURCES - 350)
-            fin = np.isfinite(A[j - 1])
-            a_top = np.where(fin, A[j - 1], -np.inf).max(axis=1)
-            a_low = np.where(fin, A[j - 1], np.inf).min(axis=1)
+            fin = np.isfinite(a)
+            a_top = np.where(fin, a, -np.inf).max(axis=1)
+            a_low = np.where(fin, a, np.inf).min(axis=1)
             ks, offs = [1], [np.zeros(G)]
             for jp in range(j - 1, 0, -1):
                 if any_overlap[j - 1, jp - 1]:
@@ -765,7 +785,7 @@ class _Dense:
             H = np.where(np.isfinite(H), H, 0.0)
             lows = [a_low] + [a_min[:, j - ks[i]] + offs[i] for i in range(1, len(ks))]
             ok &= np.min(lows, axis=0) - H >= -_DENSE_SOURCES - _DENSE_SPAN
-            total = np.exp(A[j - 1] - H[:, None])
+            total = np.exp(a - H[:, None])
             for k, off in zip(ks[1:], offs[1:]):
                 jp = j - k + 1
                 total += a_lin[jp - 1] * np.exp(off - H)[:, None] * R[k - 1]
@@ -775,22 +795,25 @@ class _Dense:
             if lost.any():  # cannot happen (the reference sequence has mass): refused, not raised
                 ok &= ~lost
                 shift[lost] = 0.0
-            A[j - 1] -= shift[:, None]
-            np.exp(A[j - 1], out=a_lin[j - 1])
+            a -= shift[:, None]
+            np.exp(a, out=a_lin[j - 1])
             a_min[:, j - 1] = a_low - shift
-            S[j - 1] = s - shift[:, None]
+            s_prev = s - shift[:, None]
             nu[:, j - 1] = nu_a + shift
-        # the flat tables of fw, for the backward pass
-        fw.A_all = np.empty(int(fw.base[-1]))
-        fw.S_all = np.empty(int(fw.base[-1]))
-        for j in range(1, m + 1):
-            at = fw.gid[j - 1] * W + (fw.cells[j - 1] - self.coff[fw.gid[j - 1]])
-            part = slice(int(fw.base[j - 1]), int(fw.base[j]))
-            fw.A_all[part] = A[j - 1].ravel()[at]
-            fw.S_all[part] = S[j - 1].ravel()[at]
-            fw.A.append(fw.A_all[part])
-            fw.S.append(fw.S_all[part])
+            self._flatten(j, a, s_prev)
         return ok
+
+    def _flatten(self, j: int, a: np.ndarray, s: np.ndarray) -> None:
+        """Write step j's padded A_j and S_j (rows of ``W`` columns) into ``fw``'s flat tables,
+        for the backward pass."""
+        fw, W = self.fw, self.W
+        gid = fw.gid(j)
+        at = gid * W + (fw.cells(j) - self.coff[gid])
+        part = slice(int(fw.base[j - 1]), int(fw.base[j]))
+        fw.A_all[part] = a.ravel()[at]
+        fw.S_all[part] = s.ravel()[at]
+        fw.A.append(fw.A_all[part])
+        fw.S.append(fw.S_all[part])
 
 
 def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarray:

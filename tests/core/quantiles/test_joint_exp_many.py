@@ -63,7 +63,7 @@ def _mismatches(m, neighboring):
             for table in ("A", "S"):
                 if not np.array_equal(getattr(batch, table)[j][part], getattr(alone, table)[j]):
                     bad.append((g, j, table))
-            if not np.array_equal(batch.cells[j][part] - batch.first[g, j], alone.cells[j] - alone.first[0, j]):
+            if not np.array_equal(batch.cells(j + 1)[part] - batch.first[g, j], alone.cells(j + 1) - alone.first[0, j]):
                 bad.append((g, j, "cells"))
     return bad
 
@@ -143,3 +143,49 @@ def test_batches_of_bounded_size_keep_each_group_law(monkeypatch, cap):
         assert chi_square_pvalue(draws[name], brute_force(idx, MANY_SIZE, MANY_Q, c)) > 1e-3, name
     # power: the same draws judged by a neighbouring group's law fail
     assert chi_square_pvalue(draws["distinct"], brute_force(MANY["on_the_bounds"], MANY_SIZE, MANY_Q, c)) < 1e-6
+
+
+#: what a worker may spend on JointExp's batches: the cells a caller holds (CELLS_HELD, four
+#: 8-byte arrays) plus the sampler's peak on them, in bytes
+_WORKING_MEMORY = 128 << 20
+
+
+def _held_and_peak(rows: int) -> int:
+    """The bytes of CELLS_HELD cells of groups of ``rows`` N(0, 5) rows (deciles, epsilon 1,
+    bounds +-100, with their bands, as batch.py builds them for ``_sample_many``) plus
+    tracemalloc's peak of one ``_sample_many`` call on them."""
+    import tracemalloc
+
+    grid = Grid(-100.0, 100.0)
+    gen = np.random.default_rng(5)
+    q = np.arange(1, 10) / 10
+    c = c_of(q, 1.0)
+    cells, held = [], 0
+    while held < JM.CELLS_HELD:
+        k = np.unique(grid.snap(gen.normal(0.0, 5.0, rows)).astype(np.int64))
+        cells.append(J._grid_cells(k, None, grid.size))
+        held += cells[-1][1].size
+    bands = np.array([J._bands(*cl, q, c, grid.size) for cl in cells])  # (G, 2, m)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        JM._sample_many(cells, q, c, grid.size, resolve_rng(np.random.default_rng(1)),
+                        bands=(bands[:, 0], bands[:, 1]))
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    return 32 * held + peak
+
+
+def test_working_memory_of_many_groups_is_bounded():
+    """CELLS_HELD cells of 100-row groups (the dense path, thousands of groups) and their
+    sampling fit in _WORKING_MEMORY (about 110 MiB: a worker's peak RSS stays near 350 MiB,
+    benchmarks/bench_worker_memory.py)."""
+    assert _held_and_peak(100) < _WORKING_MEMORY
+
+
+def test_working_memory_check_has_power(monkeypatch):
+    """The same check fails with the former CELLS_HELD, 2**21 (about 190 MiB; with the dense
+    tables of every step kept padded, worker peaks near 560 MiB)."""
+    monkeypatch.setattr(JM, "CELLS_HELD", 1 << 21)
+    assert _held_and_peak(100) > _WORKING_MEMORY
