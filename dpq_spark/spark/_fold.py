@@ -293,13 +293,14 @@ class Fold:
                 held += merged[0].size
             if held >= self.budget:
                 *whole, rest = self._cut(pending)
+                pending, held = [rest], rest[0].size  # the pieces _cut copied: freed first
                 yield from whole
-                pending, held = [rest], rest[0].size
             for b in live:
                 self._refill(b, limit)
             bufs = [b for b in bufs if b[0].size or b[2] is not None]
         if held:
             *whole, rest = self._cut(pending)
+            pending = None
             yield from whole
             if rest[0].size:
                 yield self._slice(*rest)

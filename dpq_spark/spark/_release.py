@@ -326,16 +326,19 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
     if fold.spilled:
         yield from _release_spilled(fold, params, units_of, hash_of)
         return
-    for part in fold.slices():
+    slices = fold.slices()
+    while (part := next(slices, None)) is not None:
         gids, starts, ends = part.groups()
         index, counts = part.arrays()
         if _batchable(params):
             yield from _release_batch(gids.tolist(), starts, ends, index, counts, params)
-            continue
-        for gid, a, b in zip(gids.tolist(), starts, ends):
-            got = release_fine(index[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
-            if got is not None:
-                yield gid, *got
+        else:
+            for gid, a, b in zip(gids.tolist(), starts, ends):
+                got = release_fine(index[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
+                if got is not None:
+                    yield gid, *got
+        # this slice's arrays are not kept while the fold cuts the next one
+        del part, gids, starts, ends, index, counts
 
 
 def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
