@@ -566,8 +566,8 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         # public keys without rows, released from empty data on the driver in batches (the
         # distribution of the per-key path below; production randomness only)
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
-        got = _release._release_batch(missing.tolist(), [0] * missing.size, [0] * missing.size,
-                                      *empty, params)
+        got = list(_release._release_batch(missing.tolist(), [0] * missing.size,
+                                           [0] * missing.size, *empty, params))
         quantile.append(pa.array(np.tile(np.asarray(params.quantiles), missing.size),
                                  type=pa.float64()))
         value.append(pa.array(np.concatenate([v for _, v, _ in got]), type=pa.float64()))
