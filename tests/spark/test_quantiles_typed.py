@@ -20,7 +20,8 @@ pytest.importorskip("pyspark")
 from pyspark.sql import types as T  # noqa: E402
 
 from dpq_spark import dp_quantiles  # noqa: E402
-from dpq_spark.core.quantiles.choose import auto  # noqa: E402
+from dpq_spark.core.accounting.neighboring import NeighboringRelation  # noqa: E402
+from dpq_spark.core.quantiles.choose import auto, plan_auto  # noqa: E402
 from dpq_spark.core.quantiles.mechanisms import get_mechanism  # noqa: E402
 from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
 from dpq_spark.spark import _fold, _release  # noqa: E402
@@ -115,7 +116,13 @@ def test_core_auto_with_granularity_rounds_tree_releases_to_the_grid(n, m, picke
                rng=np.random.default_rng(0))
     assert out.mechanism == picked
     np.testing.assert_array_equal(out, np.round(out))
-    plain = auto(x, q, epsilon=1.0, lower=0.0, upper=100.0, rng=np.random.default_rng(0))
+    # the same mechanism and draws without the grid (auto's noisy count, then the mechanism;
+    # auto itself would pick by the rule for columns without a grid)
+    source = resolve_rng(np.random.default_rng(0))
+    name, rest, _ = plan_auto(m, n, epsilon=1.0, neighboring=NeighboringRelation.parse("add_remove"),
+                              source=source, grid_size=101, granularity=1.0)
+    assert name == picked
+    plain = get_mechanism(picked)(x, q, epsilon=rest, lower=0.0, upper=100.0, rng=source)
     np.testing.assert_array_equal(np.asarray(out), np.clip(np.round(plain), 0, 100))
 
 
