@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -344,12 +345,12 @@ def release_request(req: QuantileRequest) -> DataFrame:
     key_table = _public_keys(req)
     params, rows, lookup = _plan(req, key_table)
     if key_table is not None:
-        path, table = "public keys", _release_public_keys(req, params, rows, key_table, lookup)
+        path, wide = "public keys", _release_public_keys(req, params, rows, key_table, lookup)
     elif req.keys:
-        path, table = "partition selection", _release_selected_keys(req, params, rows)
+        path, wide = "partition selection", _wide(req, _release_selected_keys(req, params, rows))
     else:
-        path, table = "global", _release_global(req, params, rows)
-    out = _materialise(req, table)
+        path, wide = "global", _wide(req, _release_global(req, params, rows))
+    out = _materialise(req, wide)
     # Public parameters only: not the number of Spark jobs, which the ungrouped path decides
     # from the data (a second pass when its coarse counts leave cells open).
     logger.info("dp_quantiles: %s: released in %.2fs, path=%s", what,
@@ -513,13 +514,10 @@ def _wide(req: QuantileRequest, table: pa.Table) -> pa.Table:
     if rows % m or not np.array_equal(quantile, np.tile(np.asarray(req.quantiles), rows // m)):
         raise RuntimeError("dp_quantiles: the release is not in blocks of one group's quantiles "
                            "(a bug: please report it)")
-    first = np.arange(0, rows, m)
-    columns = {k: table.column(k).take(first) for k in req.keys}
+    first = pa.array(np.arange(0, rows, m))
     values = np.ascontiguousarray(table.column("value").to_numpy(), dtype=np.float64)
-    columns["value"] = pa.ListArray.from_arrays(pa.array(np.arange(0, rows + 1, m, dtype=np.int32)),
-                                                pa.array(values, type=pa.float64()))
-    columns[MECHANISM] = table.column(MECHANISM).take(first)
-    return pa.table(columns)
+    return _wide_table(req, table.select(list(req.keys)).take(first), values,
+                       table.column(MECHANISM).take(first))
 
 
 def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame, key_table,
@@ -527,9 +525,12 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     """Public keys: stream ``GID * 2**33 + k`` codes (k the grid index) through ``mapInArrow``.
 
     One shuffle (by key index, no sort); Python folds each partition's codes into counts per
-    distinct (group, grid index), spilling past the fold budget (:class:`_fold.Fold`). The UDF returns key indexes; the driver maps them back to the
-    collected key values. A public key with no rows never reaches the UDF: the driver answers
-    it from empty data, exactly as the UDF would.
+    distinct (group, grid index), spilling past the fold budget (:class:`_fold.Fold`). The
+    UDF returns key indexes; the driver maps them back to the collected key values. A public
+    key with no rows never reaches the UDF: the driver answers it from empty data, exactly as
+    the UDF would. Returns the wide release (:func:`_wide_table`), built from the UDF's rows
+    with one take of the keys per group (a long table of m rows per group, built and folded
+    back, cost 1.5 s of driver time at 1e6 keys).
     """
     if req.lower is not None and key_table.num_rows > flow.MAX_PACKED_KEYS:
         raise ValueError("`groups` must hold at most 2**30 keys with `lower` and `upper`, got "
@@ -552,15 +553,11 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     if len(lists) and not np.all(np.diff(lists.offsets.to_numpy()) == m):
         raise RuntimeError("dp_quantiles: a group's release does not hold one value per "
                            "quantile (a bug: please report it)")
-    per_row = np.repeat(np.arange(released.num_rows), m)
-    gids = np.repeat(released.column(GID).to_numpy(), m)
-    quantile = [pa.array(np.tile(np.asarray(params.quantiles, dtype=np.float64),
-                                 released.num_rows))]
-    value = [lists.flatten()]
-    names = [released.column(MECHANISM).take(pa.array(per_row))]
-    take = [pa.array(gids, type=pa.int64())]
+    gids = [released.column(GID).to_numpy()]
+    values = [lists.flatten().to_numpy(zero_copy_only=False)]
+    names = [released.column(MECHANISM).combine_chunks()]
     present = np.zeros(key_table.num_rows, dtype=bool)
-    present[gids] = True
+    present[gids[0]] = True
     missing = np.flatnonzero(~present)
     if missing.size and _release._batchable(params):
         # public keys without rows, released from empty data on the driver in batches (the
@@ -568,31 +565,45 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
         got = list(_release._release_batch(missing.tolist(), [0] * missing.size,
                                            [0] * missing.size, *empty, params))
-        quantile.append(pa.array(np.tile(np.asarray(params.quantiles), missing.size),
-                                 type=pa.float64()))
-        value.append(pa.array(np.concatenate([v for _, v, _ in got]), type=pa.float64()))
-        names.append(pa.array([n for _, _, n in got for _ in range(m)], type=pa.string()))
-        take.append(pa.array(np.repeat(missing, m).astype(np.int64)))
+        gids.append(missing)
+        values.append(np.concatenate([v for _, v, _ in got]))
+        names.append(pa.array([n for _, _, n in got], type=pa.string()))
         missing = missing[:0]
     for gid in missing:  # public keys without rows: released from empty data on the driver
         empty = pd.DataFrame({GID: [int(gid)], CELL: [-1], COUNT: [0], KEY_HASH: [hashes[gid]]})
         out = release_group(empty, dataclasses.replace(params, keys=(GID,)))
-        quantile.append(pa.array(out["quantile"], type=pa.float64()))
-        value.append(pa.array(out["value"], type=pa.float64()))
-        names.append(pa.array(out[MECHANISM], type=pa.string()))
-        take.append(pa.array(np.full(len(out), gid, dtype=np.int64)))
-    index = pa.concat_arrays([c for chunk in take for c in _chunks(chunk)])
-    keys = key_table.select(list(req.keys)).take(index)
+        gids.append(np.array([gid], dtype=np.int64))
+        values.append(np.asarray(out["value"], dtype=np.float64))
+        names.append(pa.array([out[MECHANISM].iloc[0]], type=pa.string()))
+    return _wide_table(req, key_table.select(list(req.keys)).take(pa.array(np.concatenate(gids))),
+                       np.concatenate(values), pa.concat_arrays(names))
+
+
+def _wide_table(req: QuantileRequest, keys: pa.Table, values: np.ndarray, names) -> pa.Table:
+    """The wide release from its parts: one row per group (``keys``), the group's m values
+    (``values``, group after group, in the order of ``quantiles``; NaN for a group flagged
+    ``bounds_not_found``) and its mechanism (``names``)."""
+    m = len(req.quantiles)
     columns = {k: keys.column(k) for k in req.keys}
-    columns["quantile"] = pa.chunked_array([c for chunk in quantile for c in _chunks(chunk)])
-    columns["value"] = pa.chunked_array([c for chunk in value for c in _chunks(chunk)])
-    columns[MECHANISM] = pa.chunked_array([c for chunk in names for c in _chunks(chunk)],
-                                          type=pa.string())
+    offsets = pa.array(np.arange(0, values.size + 1, m, dtype=np.int32))
+    columns["value"] = pa.ListArray.from_arrays(offsets, pa.array(values, type=pa.float64()))
+    columns[MECHANISM] = names
     return pa.table(columns)
 
 
-def _chunks(array):
-    return array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+def _long(req: QuantileRequest, wide: pa.Table) -> pa.Table:
+    """The long release (m rows per group, in the order of ``quantiles``) from the wide one;
+    a group flagged ``bounds_not_found`` has null values."""
+    m = len(req.quantiles)
+    per_row = pa.array(np.repeat(np.arange(wide.num_rows, dtype=np.int64), m))
+    columns = {k: wide.column(k).take(per_row) for k in req.keys}
+    columns["quantile"] = pa.array(np.tile(np.asarray(req.quantiles, dtype=np.float64),
+                                           wide.num_rows), type=pa.float64())
+    values = np.asarray(pc.list_flatten(wide.column("value")).to_numpy(zero_copy_only=False),
+                        dtype=np.float64)
+    columns["value"] = pa.array(values, type=pa.float64(), mask=np.isnan(values))
+    columns[MECHANISM] = wide.column(MECHANISM).take(per_row)
+    return pa.table(columns)
 
 
 def _release_selected_keys(req: QuantileRequest, params: ReleaseParams, rows: DataFrame):
@@ -716,8 +727,9 @@ def _long_from_wide(req: QuantileRequest, ordered) -> DataFrame:
                            value.alias("value"), F.col(MECHANISM)).to(_output_schema(req))
 
 
-def _materialise(req: QuantileRequest, table) -> DataFrame:
-    """Return a DataFrame over the released rows, sorted on the driver by key (then quantile).
+def _materialise(req: QuantileRequest, wide: pa.Table) -> DataFrame:
+    """Return a DataFrame over the released rows (``wide``: one row per group, from
+    :func:`_wide_table`), sorted on the driver by key (then quantile).
 
     The order is Spark's ``orderBy(asc_nulls_first(key)..., "quantile")``; the result is a
     local relation with no ``orderBy``, so reading it runs no sort job (and no job at all, but
@@ -727,12 +739,13 @@ def _materialise(req: QuantileRequest, table) -> DataFrame:
     """
     spark = req.df.sparkSession
     collated = any(is_collated(req.df.schema[k].dataType) for k in req.keys)
-    if req.layout == "long" and req.keys and not collated and table.num_rows > _EXPLODE_ROWS:
-        return _long_from_wide(req, spark_order(_wide(req, table), req.keys, ()))
+    long_rows = wide.num_rows * len(req.quantiles)
+    if req.layout == "long" and req.keys and not collated and long_rows > _EXPLODE_ROWS:
+        return _long_from_wide(req, spark_order(wide, req.keys, ()))
     if req.layout == "wide":
-        table, schema, then = _wide(req, table), _wide_schema(req), ()
+        table, schema, then = wide, _wide_schema(req), ()
     else:
-        schema, then = _output_schema(req), ("quantile",)
+        table, schema, then = _long(req, wide), _output_schema(req), ("quantile",)
     if not req.keys:
         ordered = table
     else:
