@@ -301,14 +301,11 @@ def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.nd
     if S == 1 or G == 0:
         return np.zeros(G, dtype=np.int64)
     w = np.exp(log_w - log_w.max(axis=1, keepdims=True))
-    mant, expo = np.frexp(w)
-    level = 1 - expo.astype(np.int64)
-    positive = w > 0.0
-    shallow = positive & (level <= depth)
-    units = np.where(shallow, np.left_shift(1, np.clip(depth - level, 0, depth)),
-                     positive.astype(np.int64))
+    level, f53 = _levels(w)
+    shallow = level <= depth
+    units = np.where(shallow, np.left_shift(1, depth - np.minimum(level, depth)),
+                     (w > 0.0).astype(np.int64))
     cum = np.cumsum(units, axis=1)
-    f53 = (mant * 2.0**53).astype(np.int64)  # exact: f has a 53-bit mantissa
     out = np.empty(G, dtype=np.int64)
     todo = np.arange(G)
     while todo.size:
@@ -320,7 +317,7 @@ def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.nd
         K = int(min(_PROPOSALS, max(1, _ROUND_CELLS // (T * S))))
         rows = np.repeat(todo, K)
         u = source.below_array(cum[rows, -1])
-        r = (cum[rows] <= u[:, None]).sum(axis=1)  # the unit's weight: first cum above u
+        r = _first_above(cum, rows, u)  # the unit's weight
         accept = np.zeros(rows.size, dtype=bool)
         near = shallow[rows, r]
         if near.any():
@@ -335,6 +332,48 @@ def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.nd
         out[todo[done]] = r[done, first[done]]
         todo = todo[~done]
     return out
+
+
+def _levels(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``L = 1 - e`` and ``f 2**53`` (int64) of ``frexp(w) = (f, e)`` for weights in [0, 1], read
+    from the float64 bits: a normal ``w`` with biased exponent ``E`` and fraction ``F`` is
+    ``(2**52 + F) 2**(E - 1075)``, so ``L = 1023 - E`` and ``f 2**53 = 2**52 + F``. Zeros get
+    ``L = _LEVELS`` (they carry no weight) and the rare subnormals go through ``frexp``."""
+    bits = w.view(np.int64)
+    biased = bits >> 52  # the sign bit is 0
+    level = 1023 - biased
+    f53 = (bits & ((1 << 52) - 1)) | (1 << 52)
+    low = biased == 0
+    if low.any():
+        mant, expo = np.frexp(w[low])
+        level[low] = np.where(w[low] > 0.0, 1 - expo.astype(np.int64), _LEVELS)
+        f53[low] = (mant * 2.0**53).astype(np.int64)
+    return level, f53
+
+
+def _first_above(cum: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """For each ``i``, the first column of row ``rows[i]`` of ``cum`` (non-decreasing rows) whose
+    value exceeds ``u[i]`` (``u[i]`` below the row's last value): the number of entries at most
+    ``u[i]``. Short rows compare whole rows; longer ones are searched by halving, all rows in
+    lockstep (exact integer comparisons either way, so the same column)."""
+    S = cum.shape[1]
+    if S <= _SCAN_COLUMNS:
+        return (cum[rows] <= u[:, None]).sum(axis=1)
+    flat = cum.ravel()
+    base = rows * S
+    lo = np.zeros(rows.size, dtype=np.int64)  # the answer lies in [lo, hi]
+    hi = np.full(rows.size, S - 1, dtype=np.int64)
+    for _ in range(int(S - 1).bit_length()):
+        mid = (lo + hi) >> 1
+        right = flat[base + mid] <= u
+        lo = np.where(right, mid + 1, lo)
+        hi = np.where(right, hi, mid)
+    return lo
+
+
+#: rows of at most this many weights are compared whole by :func:`_first_above` (cheaper than
+#: its halving steps there)
+_SCAN_COLUMNS = 16
 
 
 def uniform_multisets(source, widths, k: int) -> np.ndarray:

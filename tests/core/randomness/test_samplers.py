@@ -276,6 +276,41 @@ def test_draw_index_rows_is_exactly_proportional_per_row(depth):
         assert stats.chisquare(hits[keep], wrong).pvalue < 1e-6
 
 
+def test_levels_from_the_bits_are_frexp_s():
+    """The level and 53-bit mantissa read from a weight's bits are frexp's, for 1, normal
+    weights, subnormal ones (below 2**-1022) and zero."""
+    from dpq_spark.core.randomness.grid import _LEVELS, _levels
+
+    gen = np.random.default_rng(3)
+    w = np.concatenate([[1.0, 0.5, 0.0, 5e-324, 2.0**-1022, np.nextafter(2.0**-1022, 0)],
+                        np.exp(gen.uniform(-745.0, 0.0, 5000))])
+    level, f53 = _levels(w)
+    mant, expo = np.frexp(w)
+    assert np.array_equal(level, np.where(w > 0, 1 - expo, _LEVELS))
+    assert np.array_equal(f53, (mant * 2.0**53).astype(np.int64))
+    assert (w < 2.0**-1022).sum() > 50  # the subnormal branch is exercised
+
+
+@pytest.mark.parametrize("S", [17, 64, 1000])
+def test_first_above_halving_finds_the_column_a_whole_row_comparison_finds(S):
+    """The halving search of long rows returns the first column above u, with runs of equal
+    values (zero-weight cells) and u at the edges of units, as the whole-row comparison does."""
+    from dpq_spark.core.randomness.grid import _first_above
+
+    gen = np.random.default_rng(S)
+    units = gen.integers(0, 2**40, size=(50, S)) * (gen.random((50, S)) < 0.7)
+    units[:, -1] += 1  # every row has mass
+    cum = np.cumsum(units, axis=1)
+    rows = np.repeat(np.arange(50), 40)
+    u = (gen.random(rows.size) * cum[rows, -1]).astype(np.int64)
+    u[::4] = cum[rows[::4], gen.integers(0, S - 1, size=rows[::4].size)]  # on a cum value
+    u[1::4] = 0
+    u[2::4] = cum[rows[2::4], -1] - 1
+    u = np.minimum(u, cum[rows, -1] - 1)
+    want = (cum[rows] <= u[:, None]).sum(axis=1)
+    assert np.array_equal(_first_above(cum, rows, u), want)
+
+
 def test_draw_index_rows_deep_weights_are_accepted_in_proportion(monkeypatch):
     """With depth 1 the deep path decides most draws; accepting every deep candidate (envelope
     instead of weight) must fail the same check."""
