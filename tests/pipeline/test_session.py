@@ -234,3 +234,32 @@ def test_a_ledger_written_before_units_and_names_is_migrated_in_place(books, tmp
                                                      ("committed", "after the upgrade")]
     columns = {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(releases)")}
     assert {"name", "result", "cancelled_by"} <= columns
+
+
+def test_the_keys_digest_is_the_sha256_of_the_sorted_json_rows():
+    """The column-wise digest equals its definition (each key row as sorted-key JSON, the rows
+    sorted as text, joined by newlines), for integer, string, float, date and boolean keys,
+    nulls, and several columns (the stored digest of a named release must not change)."""
+    import datetime
+    import hashlib
+    import json
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    def definition(table):
+        rows = sorted(json.dumps(r, sort_keys=True, default=str) for r in table.to_pylist())
+        return f"{len(rows)} keys, sha256 " + hashlib.sha256("\n".join(rows).encode()).hexdigest()
+
+    tables = [
+        pa.table({"g": pa.array([3, -1, None, 2**62, 10], type=pa.int64())}),
+        pa.table({"g": pa.array(["b", 'q"uote', "ünï", None, "\n", "a"])}),
+        pa.table({"x": pa.array([1.5, float("nan"), -0.0, None, 1e300]),
+                  "b": pa.array(["z", "y", None, "w", "v"])}),
+        pa.table({"d": pa.array([datetime.date(2020, 1, 2), None]), "t": pa.array([True, False]),
+                  "i": pa.array([1, 2], type=pa.int8())}),
+        pa.table({"zz": pa.array([1, 2, 1]), "aa": pa.array([2, 1, 3])}),
+    ]
+    for table in tables:
+        assert session_module._keys_digest(SimpleNamespace(groups=table)) == definition(table)
+    assert session_module._keys_digest(SimpleNamespace(groups=None)) is None
