@@ -7,13 +7,15 @@ Each group's bands come from :func:`~dpq_spark.core.quantiles.joint_exp._bands` 
 Two forward passes compute the same tables, and a group's own data decide which one it takes:
 
 * *Dense* (:class:`_Dense`), for a group whose bands together span at most ``_DENSE_WIDTH``
-  cells (groups of up to about 700 rows at epsilon 1): one row per group, every step an
-  elementwise array operation over all rows; the Toeplitz sums in linear space (prefix sums and
-  in-block Hillis-Steele scans of ``exp`` of the sources under the group's own scale, no
-  difference of sums), the run sums over every run length at once. Range guards (every source
-  within ``exp(-300)`` of its group's largest, ``c`` times the span of ranks plus the largest
-  target at most 350) keep every factor and partial sum a normal float64 number; a group they
-  refuse goes through the flat pass.
+  cells and whose every step fits the span guard (N(0, 5) deciles: groups of up to about 3,800
+  rows at epsilon 1, 400 at epsilon 10; at 0.1 the width is the limit): one row per group,
+  every step an elementwise array operation over all rows, on the columns of bands j - 1 and j
+  only; the Toeplitz sums in linear space (prefix sums and in-block Hillis-Steele scans of
+  ``exp`` of the sources under the group's own scale for that step, no difference of sums), the
+  run sums over every run length at once. Range guards (at every step, ``c`` times the span of
+  the ranks the step reads plus its target at most 350, checked before the pass; every source
+  within ``exp(-300)`` of its group's largest, checked during it) keep every factor and partial
+  sum a normal float64 number; a group they refuse goes through the flat pass.
 * *Flat* (:class:`_Forward`), for the others: step j's tables hold every group's band j in one
   flat array; the Toeplitz blocks never cross a group and the carry restarts at each group; the
   scans are segment-local (:func:`~dpq_spark.core.quantiles._logscan.segmented_scans`).
@@ -38,9 +40,14 @@ brute force with groups interleaved in one call, and the dense tables against th
 linear-space partial sum over a row of at most 512 positive terms (relative error below
 ``2**-44``, less than one operation's ``2**-52 M`` as ``M >= 800``). Dense pass, per step and
 log weight: the ``exp`` of each source (its argument's error is the source's own, carried), at
-most three factors ``exp(+-c r)``, ``exp(+-c t)`` with arguments at most 350 in magnitude
-(relative error ``<= 351 * 2**-52`` each), a sum of at most 1,024 positive terms (prefix and
-Hillis-Steele partial sums: relative ``<= 1024 * 2**-53``), one ``log`` and one addition. With the
+most three factors ``exp(+-c r)``, ``exp(+-c t)`` (``r`` a rank minus the smallest the step
+reads, exact) with arguments at most 350 in magnitude (relative error ``<= 351 * 2**-52`` each),
+a sum of at most ``_DENSE_WIDTH = 16,384`` positive terms (prefix and Hillis-Steele partial
+sums: relative ``<= 16384 * 2**-53``), at most six more roundings on either path to the sum
+(products, a quotient, additions of positive numbers), then one ``log`` and one addition.
+Before the ``log`` that is a relative error below ``(1060 + 8192) 2**-52``, an absolute one
+below ``11.6 * 2**-52 M`` after it as ``M >= 800``: with the ``log`` and the addition, fewer
+than 13 of the 16 operations counted below. With the
 guards no number is subnormal, so these relative bounds hold for every entry, the smallest
 included. Both passes' run sums are ``H + log(sum_k exp(x_k - H))`` over at most m terms, each
 ``x_k`` a few additions of numbers of magnitude at most ``M``, ``log R_k`` a sum of at most m
@@ -50,7 +57,8 @@ run sum, every log weight's absolute error is at most ``gamma_many = m (m + 16) 
 ``theta = 4 m (gamma_many + 2**-52)`` and ``eta = 2 theta``, ``delta`` unchanged. Examples
 (epsilon 1, default grid): n = 1e6, m = 9 (c = 0.28, ``M = 8.3e5``): ``gamma_many = 4.2e-8``,
 ``eta = 3.0e-6``; n = 1e6, m = 30: ``eta = 5.7e-5``; the dense pass only runs where
-``c n <= 350`` (``M <= 2,100`` at m = 9: ``eta <= 7.5e-9`` there). Each group's release is thus
+every step has ``c t_j <= 350``: for deciles ``c n <= 3,500`` (``M <= 11,500``: ``eta <= 4.2e-8``
+there). Each group's release is thus
 ``(epsilon + eta, delta)``-DP with those ``eta`` and ``delta``, and the groups' draws are
 independent.
 
@@ -203,7 +211,7 @@ class _Forward:
         self.n = np.asarray(n, dtype=np.float64)
         self.G, self.m = self.n.size, q.size
         self.cum_target = self.n[:, None] * q[None, :]  # P_j, shape (G, m)
-        self.targets = np.diff(np.concatenate(([0.0], q, [1.0])))[None, :] * self.n[:, None]
+        self.targets = _targets(q, self.n)
         self.first = coff[:-1, None] + lo  # global first cell of each band, shape (G, m)
         self.length = hi - lo
         if not np.all(self.length > 0):
@@ -470,10 +478,11 @@ def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarr
     """:func:`_sample_many` for one batch of groups, their bands ``lo``/``hi`` computed.
 
     Groups whose bands span at most ``_DENSE_WIDTH`` cells get their forward tables from
-    :class:`_Dense` (at most ``_DENSE_ELEMENTS`` cells times m at a time), the others, and
-    those the dense path's range guards refuse, from :class:`_Forward`; each set's rows are
-    drawn from its own tables. Which set a group joins depends on its own data only, and both
-    give it the same law (module docstring)."""
+    :class:`_Dense` (at most ``_DENSE_ELEMENTS`` cells times m at a time) if their steps fit its
+    span guard (:func:`_span_fits`, checked before the pass) and its source guard holds during
+    the pass, the others from :class:`_Forward`; each set's rows are drawn from its own
+    tables. Which set a group joins depends on its own data only, and both give it the same law
+    (module docstring)."""
     m = q.size
     union = hi.max(axis=1) - lo.min(axis=1)
     dense = union <= _DENSE_WIDTH
@@ -489,40 +498,56 @@ def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarr
         chunk = members[a:b]
         if chunk.size == len(cells_list):
             out, ok = _sample_set(cells_list, lo, hi, q, c, source, rows, out, True)
-        else:
-            mine = np.flatnonzero(np.isin(rows, chunk))
-            got, ok = _sample_set([cells_list[g] for g in chunk.tolist()], lo[chunk], hi[chunk], q,
-                                  c, source, np.searchsorted(chunk, rows[mine]),
-                                  np.empty((mine.size, m), dtype=np.int64), True)
-            out[mine] = got  # (the rows of refused groups are drawn again below)
+        else:  # (the rows of refused groups are drawn again below)
+            ok = _sample_subset(cells_list, lo, hi, q, c, source, rows, out, chunk, True)
         flat.append(chunk[~ok])
         a = b
     flat = np.sort(np.concatenate(flat))
     if flat.size:  # the rows of these groups were not drawn above
-        mine = np.flatnonzero(np.isin(rows, flat))
-        if mine.size:
-            out[mine] = _sample_set([cells_list[g] for g in flat.tolist()], lo[flat], hi[flat], q,
-                                    c, source, np.searchsorted(flat, rows[mine]),
-                                    np.empty((mine.size, m), dtype=np.int64), False)[0]
+        _sample_subset(cells_list, lo, hi, q, c, source, rows, out, flat, False)
     return out
+
+
+def _sample_subset(cells_list, lo, hi, q, c, source, rows, out, groups, dense):
+    """:func:`_sample_set` for the groups ``groups`` (sorted indices into ``cells_list``): their
+    entries of ``rows`` are drawn into ``out``; returns their ``ok`` (all true when they have
+    no rows: nothing is computed)."""
+    mine = np.flatnonzero(np.isin(rows, groups))
+    if mine.size == 0:
+        return np.ones(groups.size, dtype=bool)
+    got, ok = _sample_set([cells_list[g] for g in groups.tolist()], lo[groups], hi[groups], q, c,
+                          source, np.searchsorted(groups, rows[mine]),
+                          np.empty((mine.size, q.size), dtype=np.int64), dense)
+    out[mine] = got
+    return ok
 
 
 def _sample_set(cells_list, lo, hi, q, c, source, rows, out, dense):
     """The forward tables of these groups (:class:`_Dense` if ``dense``, else :class:`_Forward`)
     and the draws of ``rows``; returns ``(out, ok)``, ``ok`` the groups whose tables were made
-    (all of them for :class:`_Forward`; rows of the others are left undrawn)."""
+    (all of them for :class:`_Forward`; rows of the others are left undrawn). Groups that do
+    not fit the dense span guard are left out of the dense pass (refused without it)."""
     m = q.size
     G = len(cells_list)
     # only the cells some band keeps, [a_g, b_g) of each group, are concatenated
     a, b = lo.min(axis=1), hi.max(axis=1)
-    lo, hi = lo - a[:, None], hi - a[:, None]
     coff = np.zeros(G + 1, dtype=np.int64)
     np.cumsum(b - a, out=coff[1:])
     used = [slice(int(x), int(y)) for x, y in zip(a.tolist(), b.tolist())]
-    start, width, log_width, pos = (np.concatenate([cl[t][u] for cl, u in zip(cells_list, used)])
-                                    for t in range(4))
+    pos = np.concatenate([cl[3][u] for cl, u in zip(cells_list, used)])
     n = np.array([cl[4] for cl in cells_list], dtype=np.float64)
-    fw = _Forward(width, log_width, pos, coff, n, q, c, lo, hi)
+    if dense:  # the span guard first: a group it refuses stays out of the dense pass
+        fits = _span_fits(pos, coff[:-1, None] + lo - a[:, None], coff[:-1, None] + hi - a[:, None],
+                          _targets(q, n), c)
+        if not fits.all():
+            ok = np.zeros(G, dtype=bool)
+            if fits.any():
+                keep = np.flatnonzero(fits)
+                ok[keep] = _sample_subset(cells_list, lo, hi, q, c, source, rows, out, keep, True)
+            return out, ok
+    start, width, log_width = (np.concatenate([cl[t][u] for cl, u in zip(cells_list, used)])
+                               for t in range(3))
+    fw = _Forward(width, log_width, pos, coff, n, q, c, lo - a[:, None], hi - a[:, None])
     if dense:
         ok = _Dense(fw, coff).run()
         keep = np.flatnonzero(ok[rows])
@@ -565,15 +590,24 @@ def _draw_rows(fw, start, width, rows, source, out) -> np.ndarray:
     return out
 
 
-#: groups whose bands together span at most this many cells take the dense path (:class:`_Dense`):
-#: CPU per group of N(0, 5) deciles, dense against flat, 800 rows (union ~800) 1.0 against 1.3 ms,
-#: 1,000 rows 1.2 against 1.5 ms, 1,300 rows 2.5 against 1.3 ms (2 December 2026)
-_DENSE_WIDTH = 1024
-#: cells times steps of the groups one dense pass holds (its padded tables: R_k and exp A_j of
-#: every step, 17 bytes each; A_j and S_j are flattened step by step)
+#: groups whose bands together span at most this many cells are offered to the dense path
+#: (:class:`_Dense`), which takes those whose every step fits the span guard (:func:`_span_fits`,
+#: before the pass). Until 2 December 2026 that guard was c (whole row's span + largest target)
+#: <= 350 checked after the pass, so past about 1,150 rows at epsilon 1 every group ran the dense
+#: pass for nothing, then the flat one (1,300 rows: 2.5 ms against 1.3 ms flat); the limit was
+#: 1,024 cells. CPU per group, N(0, 5) deciles, bounds +-100, dense against flat (best of 3,
+#: 2 December 2026, load about 2): epsilon 1, 1,000 rows 0.45 against 0.99 ms, 3,000 rows 0.89
+#: against 1.13 ms, 3,800 rows 0.87 against 1.26 ms; epsilon 0.1, 4,000 rows 2.6 against 10.1 ms,
+#: 16,000 rows 4.2 against 10.0 ms; epsilon 10, 300 rows 0.10 against 0.14 ms. Not larger: the
+#: dense rounding bound counts a sum of up to this many terms (module docstring, (iii))
+_DENSE_WIDTH = 16384
+#: cells times steps of the groups one dense pass holds: its peak is about 20-60 bytes each
+#: (tracemalloc; groups of 3,000 to 100 rows at m = 9: rows of W cells, R_k for the run lengths
+#: the bands allow, exp A_j on each step's columns; 80-90 bytes when every step was padded to W)
 _DENSE_ELEMENTS = 1 << 20
 #: the dense path's range guards, in nats: every source within _DENSE_SOURCES of its group's
-#: largest, and c (span of the ranks + largest target) at most _DENSE_SPAN; else the flat path
+#: largest, and at every step c (span of the ranks it reads + its target) at most _DENSE_SPAN;
+#: else the flat path
 _DENSE_SOURCES = 300.0
 _DENSE_SPAN = 350.0
 _MIN_SOURCE = math.exp(-_DENSE_SOURCES)
@@ -582,14 +616,37 @@ _MIN_SOURCE = math.exp(-_DENSE_SOURCES)
 _RANK_TABLE = 4
 
 
+def _step_cells(lo, hi):
+    """The cells step j = 2..m reads or writes (bands j - 1 and j): each group's first and last,
+    shape ``(G, m - 1)``, in the coordinates of ``lo`` and ``hi`` (bands ``[lo, hi)``)."""
+    return np.minimum(lo[:, 1:], lo[:, :-1]), np.maximum(hi[:, 1:], hi[:, :-1]) - 1
+
+
+def _span_fits(pos, first, end, targets, c):
+    """Each group's span guard: at every step j >= 2, ``c`` times the span of the ranks it
+    reads (bands j - 1 and j: cells ``[first, end)`` of ``pos``, shape ``(G, m)``) plus its
+    target ``t_j`` is at most ``_DENSE_SPAN``, so the factors ``exp(+-c (p - p_0))`` (``p_0``
+    the smallest of those ranks) and ``exp(+-c t_j)`` of that step are at most
+    ``exp(_DENSE_SPAN)``. Reads only the group's own ranks and bands."""
+    a, b = _step_cells(first, end)
+    return (c * (pos[b] - pos[a] + targets[:, 1:-1]) <= _DENSE_SPAN).all(axis=1)
+
+
+def _targets(q, n):
+    """The gap targets ``t_j = (q_j - q_{j-1}) n``, j = 1..m+1, one row per group."""
+    return np.diff(np.concatenate(([0.0], q, [1.0])))[None, :] * np.asarray(n, dtype=np.float64)[:, None]
+
+
 class _Dense:
     """The forward tables of :class:`_Forward` for groups whose bands span few cells, computed
     on one row per group (its cells ``[a_g, b_g)``, padded to the widest row) and written into
     ``fw``'s flat tables, for the backward pass of :func:`_draw_rows`.
 
-    A step's kernel sums are linear-space sums: with ``e = exp(S_{j-1})`` (at most 1: the
-    group's largest is 0), ``r = p - p_0`` (``p_0`` the row's first rank),
-    ``u = e exp(c r)`` and ``v = e exp(-c r)``,
+    Step j works on the columns of bands j - 1 and j only (a slice common to the rows: outside
+    a row's own bands its sources are exact zeros and its receivers are not read, so no number
+    of a row depends on the slice). A step's kernel sums are linear-space sums: with
+    ``e = exp(S_{j-1})`` (at most 1: the group's largest is 0), ``r = p - p_0`` (``p_0`` the
+    smallest rank of the row's bands j - 1 and j), ``u = e exp(c r)`` and ``v = e exp(-c r)``,
 
     * causal part (``p' <= T = p - t``): ``exp(-c (T - p_0)) * cumsum(u)`` read at the last
       such source (a prefix sum of positive terms);
@@ -601,12 +658,13 @@ class _Dense:
       shifted additions). No difference of sums is ever taken.
 
     The run sums add every run length (no truncation): for each k, ``A_{j-k+1} + offset +
-    log R_k(w)`` over the whole row (``-inf`` outside band ``j - k + 1``), summed as
-    ``max + log(sum(exp(term - max)))``. Every number of a row depends on its own group
-    alone (elementwise operations, scans along the row; padding adds exact zeros).
+    log R_k(w)`` over band j (``-inf`` outside band ``j - k + 1``), summed as
+    ``max + log(sum(exp(term - max)))``, the max over the run lengths the row's own bands
+    allow. Every number of a row depends on its own group alone (elementwise operations, scans
+    along the row; padding and other rows' columns add exact zeros).
 
     Range guards: a group is refused (``ok`` false; the caller uses :class:`_Forward`) unless
-    ``c (span + max t) <= _DENSE_SPAN`` and, at every step, each finite source is within
+    it passes :func:`_span_fits` and, at every step, each finite source is within
     ``_DENSE_SOURCES`` of the group's largest. Then every factor and partial sum above lies in
     ``[exp(-700), exp(360)]``: normal float64 numbers, so each keeps its relative precision
     (module docstring, the rounding bound of the dense path).
@@ -627,48 +685,43 @@ class _Dense:
         out[self.flat] = values
         return out.reshape(self.fw.G, self.W)
 
-    def _structure(self, t):
-        """For targets ``t`` (one per group): each cell's first window source ``lo`` (the
-        number of cells of rank ``<= p - t``, at most the cell's own index), which pieces make
-        each cell's window (:meth:`_blocks`), and the factors ``exp(-c (T - p_0))``,
-        ``exp(c (T - p_0))`` of the causal and window sums."""
-        G, W, col, valid = self.fw.G, self.W, self.col, self.valid
+    def _window(self, t, r0, r1):
+        """For targets ``t`` (one per group), on the receivers' columns ``[r0, r1)``: each
+        cell's first window source ``lo`` (the number of cells of rank ``<= p - t``, at most the
+        cell's own index) and which pieces make its window (:meth:`_blocks`), as flat indices
+        into the step's sums (padded to ``W + 1`` columns). Computed at every step on its own
+        columns: kept per target instead, they held more memory and were slower (measured,
+        2 December 2026)."""
+        G = self.fw.G
+        cols = self.col[r0:r1]
         # p' <= T iff 2 p' <= floor(2 T) (the 2 p' are integers): read in each row's table of
         # the number of cells with 2 p' <= x, x = -1..2 n_g
-        query = np.clip(np.floor(self.two_p - 2.0 * t[:, None]), -1.0, self.two_top)
-        ect = np.exp(self.fw.c * t)[:, None]
-        for seen, st in self.windows:  # the same window starts as another step's t (deciles)
-            if np.array_equal(seen, query):
-                return dict(st, causal_factor=self.Em * ect, window_factor=self.Ep / ect)
+        query = np.clip(np.floor(self.two_p[:, r0:r1] - 2.0 * t[:, None]), -1.0, self.two_top)
         if self.count_le is not None:
-            lo = np.take_along_axis(self.count_le, query.astype(np.int64) + 1, axis=1)
+            lo = self.count_le.take(query.astype(np.int64) + self.le_row)
         else:
-            span = self.two_top + 8.0  # row g's keys lie in [g span, g span + two_top + 1]
-            rows = (np.arange(G) * span)[:, None]
-            keys = (np.where(valid, self.two_p, self.two_top + 1.0) + rows).ravel()
-            lo = np.searchsorted(keys, (query + rows).ravel(), side="right").reshape(G, W)
-            lo -= (np.arange(G) * W)[:, None]
-        lo = np.minimum(lo, col[None, :])
-        # blocks of ranks of length 0.75 t: the same blocks serve any t' with t' / 2 < 0.75 t < t'
-        tau = np.where(t > 0, 0.75 * t, 1.0)
-        key = np.round(tau, 6).tobytes()
+            lo = np.searchsorted(self.keys, (query + self.key_row).ravel(), side="right")
+            lo = lo.reshape(G, r1 - r0) - self.w_row
+        lo = np.minimum(lo, cols)
+        # blocks of ranks of length 0.75 t: the same blocks serve any t' with t' / 2 < 0.75 t < t';
+        # 0.75 t to 40 bits, so that a row's blocks are its own whatever the others' targets
+        mant, expo = np.frexp(np.where(t > 0, 0.75 * t, 1.0))
+        tau = np.ldexp(np.round(np.ldexp(mant, 40)), expo - 40)
+        key = tau.tobytes()
         if key not in self.blocks:
             self.blocks[key] = self._blocks(tau)
         bs, be, steps = self.blocks[key]
-        sf = np.zeros((G, W), dtype=np.int64)  # block start of the cell before each receiver
-        sf[:, 1:] = bs[:, :-1]
-        lo_c = np.minimum(lo, W - 1)
-        be_lo = np.take_along_axis(be, lo_c, axis=1)
-        nonempty = lo < col[None, :]
+        sf = np.zeros((G, r1 - r0), dtype=np.int64)  # block start of the cell before each receiver
+        sf[:, r0 == 0:] = bs[:, max(r0 - 1, 0):r1 - 1]
+        be_lo = be.take(lo + self.w_row)
+        nonempty = lo < cols
         # window [lo, i): within one block it is the prefix of the block of i - 1 (lo = sf) or a
         # suffix of lo's block (lo > sf); else that suffix, the prefix and at most one whole block
-        use_pre = (nonempty & (lo <= sf)).astype(np.float64)
-        use_suf = (nonempty & (lo != sf)).astype(np.float64)
-        use_mid = (nonempty & (lo < sf) & (be_lo < sf - 1)).astype(np.float64)
-        st = dict(lo=lo, lo_c=lo_c, steps=steps, sf1=np.maximum(sf - 1, 0), use_pre=use_pre,
-                  use_suf=use_suf, use_mid=use_mid)
-        self.windows.append((query, st))
-        return dict(st, causal_factor=self.Em * ect, window_factor=self.Ep / ect)
+        return dict(lo=lo, steps=steps, at_lo=lo + self.w1_row,
+                    at_mid=np.maximum(sf, 1) + self.w1_row,  # pre column x + 1: the prefix at x
+                    use_pre=(nonempty & (lo <= sf)).astype(np.float64),
+                    use_suf=(nonempty & (lo != sf)).astype(np.float64),
+                    use_mid=(nonempty & (lo < sf) & (be_lo < sf - 1)).astype(np.float64))
 
     def _blocks(self, tau):
         """Blocks of ranks ``[b tau, (b + 1) tau)`` (``tau`` per group, ``0.75 t``): each cell's
@@ -686,8 +739,7 @@ class _Dense:
         steps = []
         d = 1
         while d < longest:
-            steps.append((d, (col[d:] - d >= bs[:, d:]).astype(np.float64),
-                          (col[:-d] + d <= be[:, :-d]).astype(np.float64)))
+            steps.append((d, col[d:] - d >= bs[:, d:], col[:-d] + d <= be[:, :-d]))
             d *= 2
         return bs, be, steps
 
@@ -697,15 +749,15 @@ class _Dense:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             return self._run()
 
-    def _run(self) -> np.ndarray:
+    def _setup(self) -> np.ndarray:
+        """The padded rows, the rank tables, the steps' geometry and the tables of ``R_k``;
+        returns the guards that do not depend on the pass (:func:`_span_fits`, ``log R_k``)."""
         fw = self.fw
         G, m, c, W = fw.G, fw.m, fw.c, self.W
         valid = self.valid
         self.P = P = self._pad(fw.pos, np.inf)
-        L = self._pad(fw.log_width, -np.inf)
+        self.L = self._pad(fw.log_width, -np.inf)
         w = self._pad(fw.width, 1.0)
-        r = np.where(valid, P - P[:, :1], 0.0)
-        targets, cum = fw.targets, fw.cum_target
         # each row's count of cells with 2 p <= x, for x = -1 .. 2 max n (the first column: x = -1)
         self.two_p = np.where(valid, 2.0 * P, 0.0)
         self.two_top = float(2.0 * fw.n.max()) + 1.0
@@ -717,105 +769,156 @@ class _Dense:
         else:  # many ties: a search over all rows (keys shifted into disjoint ranges)
             self.count_le = None
         self.blocks = {}
-        self.windows = []
-        ok = c * (r.max(axis=1) + targets.max(axis=1)) <= _DENSE_SPAN
-        self.Ep = np.where(valid, np.exp(c * r), 0.0)
-        self.Em = np.where(valid, np.exp(-c * r), 0.0)
-        # R_k(w) = C(w + k - 1, k) / w, linear: log R_k summed left to right, then one exp
-        log_r = np.zeros((m, G, W))
-        for k in range(2, m + 1):
+        self.w_row, self.w1_row = (np.arange(G) * W)[:, None], (np.arange(G) * (W + 1))[:, None]
+        if self.count_le is not None:
+            self.le_row = (np.arange(G) * top + 1)[:, None]  # column 0 of row g: x = -1
+        else:
+            # row g's keys lie in [g span, g span + two_top + 1], span = two_top + 8
+            self.key_row = (np.arange(G) * (self.two_top + 8.0))[:, None]
+            self.keys = (np.where(valid, self.two_p, self.two_top + 1.0) + self.key_row).ravel()
+        self.first = first = fw.first - self.coff[:-1, None]  # band j: columns [first, end)
+        self.end = end = first + fw.length
+        rows = np.arange(G)[:, None]
+        a, b = _step_cells(first, end)
+        self.p0 = P[rows, a]  # step j's r = p - p0 (column j - 2)
+        self.span = P[rows, b] - self.p0
+        ok = _span_fits(fw.pos, fw.first, fw.first + fw.length, fw.targets, c)
+        # which bands of each row overlap: a run of k outputs ending at j needs bands j - k + 1..j
+        self.overlap = (np.minimum(end[:, :, None], end[:, None, :])
+                        > np.maximum(first[:, :, None], first[:, None, :]))  # (G, m, m)
+        j_, jp_ = np.nonzero(self.overlap.any(axis=0))
+        kmax = int((j_ - jp_).max(initial=0)) + 1
+        row_kmax = (np.arange(m)[None, :, None] - np.arange(m)[None, None, :]) * self.overlap
+        row_kmax = row_kmax.reshape(G, -1).max(axis=1) + 1
+        # R_k(w) = C(w + k - 1, k) / w, linear: log R_k summed left to right, then one exp; only
+        # the run lengths some row's bands allow
+        log_r = np.zeros((kmax, G, W))
+        for k in range(2, kmax + 1):
             np.add(log_r[k - 2], np.log(w + (k - 1.0)) - math.log(k), out=log_r[k - 1])
-        top_r = log_r.max(axis=2).T  # (G, m): the largest log R_k of each row
-        ok &= top_r[:, -1] <= _DENSE_SOURCES
-        R = np.exp(log_r, out=log_r)
-        first = fw.first - self.coff[:-1, None]  # band j of group g: columns [first, first + length)
-        col = self.col
-        inb = (col[None, None, :] >= first[:, :, None]) & (col[None, None, :] < (first + fw.length)[:, :, None])
-        end = first + fw.length
-        any_overlap = (np.minimum(end[:, :, None], end[:, None, :])
-                       > np.maximum(first[:, :, None], first[:, None, :])).any(axis=0)  # (m, m)
+        self.top_r = log_r.max(axis=2).T  # (G, kmax): the largest log R_k of each row
+        ok &= self.top_r[np.arange(G), row_kmax - 1] <= _DENSE_SOURCES
+        self.R = np.exp(log_r, out=log_r)
+        return ok
+
+    def _kernel(self, j, s_prev, at, ok):
+        """Step j's kernel sums on its receivers' columns, from ``s_prev`` (S_{j-1} minus its
+        scale on the columns from ``at``); updates the source guard in ``ok``."""
+        fw, c = self.fw, self.fw.c
+        first, end = self.first, self.end
+        r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())  # the receivers' columns
+        st = self._window(fw.targets[:, j - 1], r0, r1)
+        rows = np.arange(fw.G)
+        s0 = int(min(first[:, j - 2].min(), st["lo"][rows, first[:, j - 1] - r0].min()))
+        e0 = int(max(end[:, j - 2].max(), r1))  # every source and window start lies in [s0, e0)
+        e = self.e[:, s0:e0]
+        e.fill(0.0)
+        src = np.exp(s_prev, out=e[:, at - s0:at - s0 + s_prev.shape[1]])
+        ok &= np.where(src > 0.0, src, 1.0).min(axis=1) >= _MIN_SOURCE
+        x = np.clip(self.P[:, s0:e0] - self.p0[:, j - 2, None], 0.0, self.span[:, j - 2, None])
+        x *= c
+        Ep = np.exp(x)
+        Em = np.exp(np.negative(x, out=x), out=x)
+        causal, pre, suf = self.causal, self.pre, self.suf
+        causal[:, s0] = 0.0
+        np.cumsum(np.multiply(e, Ep, out=self.tmp[:, s0:e0]), axis=1, out=causal[:, s0 + 1:e0 + 1])
+        v = np.multiply(e, Em, out=pre[:, s0 + 1:e0 + 1])  # pre column x + 1: the prefix at x
+        suf[:, s0:e0] = v
+        for d, mp, ms in st["steps"]:  # in-block scans; where a mask is false nothing is added
+            if d >= e0 - s0:
+                break
+            head, tail = pre[:, s0 + 1 + d:e0 + 1], suf[:, s0:e0 - d]
+            np.add(head, pre[:, s0 + 1:e0 + 1 - d], out=head, where=mp[:, s0:e0 - d])
+            np.add(tail, suf[:, s0 + d:e0], out=tail, where=ms[:, s0:e0 - d])
+        ect = np.exp(c * fw.targets[:, j - 1])[:, None]
+        part = causal.take(st["at_lo"]) * Em[:, r0 - s0:r1 - s0]
+        part *= ect
+        win = suf.take(st["at_lo"]) * st["use_suf"]
+        win += pre[:, r0:r1] * st["use_pre"]  # the prefix at i - 1
+        win += pre.take(st["at_mid"]) * st["use_mid"]
+        win *= Ep[:, r0 - s0:r1 - s0]
+        win /= ect
+        part += win
+        return part
+
+    def _run_sum(self, j, a, band, r0, ok):
+        """``(S_j, low)``: S_j minus nu_{j-1} on band j (columns from ``r0``) and each row's
+        smallest finite A_j, from A_j there (``a``) and the stored exp of the earlier A: the sum
+        over k of A_{j-k+1} R_k prod phi(0), in linear space under a per-row scale H (every term
+        <= 1), H and the guards seeing only the run lengths the row's own bands allow (a row's
+        other terms get the factor 0); guard: every term >= exp(-_DENSE_SOURCES - 350)."""
+        fw, c = self.fw, self.fw.c
+        nu, cum = fw.nu, fw.cum_target
+        fin = np.isfinite(a)
+        a_top = np.where(fin, a, -np.inf).max(axis=1)
+        a_low = np.where(fin, a, np.inf).min(axis=1)
+        terms = []  # (k, offset, which rows use it)
+        for jp in range(j - 1, 0, -1):
+            if self.any_overlap[j - 1, jp - 1]:
+                off = (nu[:, jp - 1] - nu[:, j - 1]) - c * (cum[:, j - 1] - cum[:, jp - 1])
+                terms.append((j - jp + 1, off, self.overlap[:, j - 1, jp - 1]))
+        H = np.max([a_top] + [np.where(use, off + self.top_r[:, k - 1], -np.inf)
+                              for k, off, use in terms], axis=0)  # the row's largest term
+        H = np.where(np.isfinite(H), H, 0.0)
+        low = np.min([a_low] + [np.where(use, self.a_min[:, j - k] + off, np.inf)
+                                for k, off, use in terms], axis=0)
+        ok &= low - H >= -_DENSE_SOURCES - _DENSE_SPAN
+        total = np.exp(a - H[:, None])
+        r1 = r0 + a.shape[1]
+        for k, off, use in terms:
+            q0, lin = self.a_lin[j - k]  # exp A_{j-k+1} on the columns from q0, 0 outside its band
+            x0, x1 = max(r0, q0), min(r1, q0 + lin.shape[1])
+            if x1 > x0:  # elsewhere band j - k + 1 of no row meets band j: the terms are 0
+                scale = np.exp(np.where(use, off - H, -np.inf))[:, None]
+                total[:, x0 - r0:x1 - r0] += lin[:, x0 - q0:x1 - q0] * scale * self.R[k - 1, :, x0:x1]
+        return np.where(band, np.log(total) + H[:, None], -np.inf), a_low
+
+    def _run(self) -> np.ndarray:
+        fw = self.fw
+        G, m, c, W = fw.G, fw.m, fw.c, self.W
+        ok = self._setup()
+        P, L, first, end = self.P, self.L, self.first, self.end
         # A_j and S_j go to fw's flat tables at the end of step j; only the exp of every A_j
-        # (the run sums of later steps read it) and S_{j-1} (the sources of step j) stay padded
+        # (the run sums of later steps read it) and S_{j-1} (the sources of step j) are kept
         fw.A_all = np.empty(int(fw.base[-1]))
         fw.S_all = np.empty(int(fw.base[-1]))
-        a = np.empty((G, W))  # log A_j minus nu_j, -inf outside band j
-        a_lin = np.empty((m, G, W))  # exp of it, every step
-        a_min = np.zeros((G, m))  # the smallest finite entry of each A_j row
-        s_prev = None  # S_{j-1} minus nu_{j-1}, -inf outside band j - 1
+        self.e = np.empty((G, W))
+        self.causal, self.pre, self.suf = (np.zeros((G, W + 1)) for _ in range(3))
+        self.tmp = np.empty((G, W))
+        self.a_lin = []  # per step: (r0, exp(log A_j minus nu_j) on its receivers' columns)
+        self.a_min = np.zeros((G, m))  # the smallest finite entry of each A_j row
+        self.any_overlap = self.overlap.any(axis=0)
         nu = fw.nu  # filled in place
-        cache = {}
-        causal = np.zeros((G, W + 1))
+        s_prev, at = None, 0  # S_{j-1} minus nu_{j-1} on the columns from `at`
         for j in range(1, m + 1):
-            band = inb[:, j - 1]
-            t = targets[:, j - 1]
+            r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())
+            col = self.col[r0:r1]
+            band = (col >= first[:, j - 1, None]) & (col < end[:, j - 1, None])
             if j == 1:
-                a[:] = np.where(band, L - c * np.abs(P - t[:, None]), -np.inf)
+                a = np.where(band, L[:, r0:r1] - c * np.abs(P[:, r0:r1] - fw.targets[:, :1]), -np.inf)
                 nu_a = np.zeros(G)
             else:
-                e = np.exp(s_prev)
-                ok &= np.where(e > 0.0, e, 1.0).min(axis=1) >= _MIN_SOURCE
-                key = t.tobytes()
-                if key not in cache:
-                    cache[key] = self._structure(t)
-                st = cache[key]
-                np.cumsum(e * self.Ep, axis=1, out=causal[:, 1:])  # causal[:, x]: sources before x
-                part = np.take_along_axis(causal, st["lo"], axis=1) * st["causal_factor"]
-                v = e * self.Em
-                pre, suf = v, v.copy()
-                for d, mp, ms in st["steps"]:
-                    pre[:, d:] += pre[:, :-d] * mp
-                    suf[:, :-d] += suf[:, d:] * ms
-                win = np.take_along_axis(suf, st["lo_c"], axis=1) * st["use_suf"]
-                win[:, 1:] += pre[:, :-1] * st["use_pre"][:, 1:]
-                win += np.take_along_axis(pre, st["sf1"], axis=1) * st["use_mid"]
-                part += win * st["window_factor"]
-                a[:] = np.where(band, L + np.log(part), -np.inf)
+                a = np.where(band, L[:, r0:r1] + np.log(self._kernel(j, s_prev, at, ok)), -np.inf)
                 nu_a = nu[:, j - 2]
             nu[:, j - 1] = nu_a
-            # S_j = sum over k of A_{j-k+1} R_k prod phi(0), in linear space under a per-row
-            # scale H (every term <= 1); guard: every term >= exp(-_DENSE_SOURCES - 350)
-            fin = np.isfinite(a)
-            a_top = np.where(fin, a, -np.inf).max(axis=1)
-            a_low = np.where(fin, a, np.inf).min(axis=1)
-            ks, offs = [1], [np.zeros(G)]
-            for jp in range(j - 1, 0, -1):
-                if any_overlap[j - 1, jp - 1]:
-                    ks.append(j - jp + 1)
-                    offs.append((nu[:, jp - 1] - nu[:, j - 1]) - c * (cum[:, j - 1] - cum[:, jp - 1]))
-            tops = [a_top] + [offs[i] + top_r[:, ks[i] - 1] for i in range(1, len(ks))]
-            H = np.max(tops, axis=0)  # the row's largest possible term
-            H = np.where(np.isfinite(H), H, 0.0)
-            lows = [a_low] + [a_min[:, j - ks[i]] + offs[i] for i in range(1, len(ks))]
-            ok &= np.min(lows, axis=0) - H >= -_DENSE_SOURCES - _DENSE_SPAN
-            total = np.exp(a - H[:, None])
-            for k, off in zip(ks[1:], offs[1:]):
-                jp = j - k + 1
-                total += a_lin[jp - 1] * np.exp(off - H)[:, None] * R[k - 1]
-            s = np.where(band, np.log(total) + H[:, None], -np.inf)
+            s, a_low = self._run_sum(j, a, band, r0, ok)
             shift = s.max(axis=1)
             lost = ~np.isfinite(shift)
             if lost.any():  # cannot happen (the reference sequence has mass): refused, not raised
                 ok &= ~lost
                 shift[lost] = 0.0
             a -= shift[:, None]
-            np.exp(a, out=a_lin[j - 1])
-            a_min[:, j - 1] = a_low - shift
-            s_prev = s - shift[:, None]
+            s -= shift[:, None]
+            self.a_lin.append((r0, np.exp(a)))
+            self.a_min[:, j - 1] = a_low - shift
+            s_prev, at = s, r0
             nu[:, j - 1] = nu_a + shift
-            self._flatten(j, a, s_prev)
+            # band j of every group, in the flat tables' order (groups, then cells)
+            part = slice(int(fw.base[j - 1]), int(fw.base[j]))
+            fw.A_all[part] = a[band]
+            fw.S_all[part] = s[band]
+            fw.A.append(fw.A_all[part])
+            fw.S.append(fw.S_all[part])
         return ok
-
-    def _flatten(self, j: int, a: np.ndarray, s: np.ndarray) -> None:
-        """Write step j's padded A_j and S_j (rows of ``W`` columns) into ``fw``'s flat tables,
-        for the backward pass."""
-        fw, W = self.fw, self.W
-        gid = fw.gid(j)
-        at = gid * W + (fw.cells(j) - self.coff[gid])
-        part = slice(int(fw.base[j - 1]), int(fw.base[j]))
-        fw.A_all[part] = a.ravel()[at]
-        fw.S_all[part] = s.ravel()[at]
-        fw.A.append(fw.A_all[part])
-        fw.S.append(fw.S_all[part])
 
 
 def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarray:

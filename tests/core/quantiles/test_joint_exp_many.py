@@ -146,8 +146,9 @@ def test_batches_of_bounded_size_keep_each_group_law(monkeypatch, cap):
 
 
 #: what a worker may spend on JointExp's batches: the cells a caller holds (CELLS_HELD, four
-#: 8-byte arrays) plus the sampler's peak on them, in bytes
-_WORKING_MEMORY = 128 << 20
+#: 8-byte arrays) plus the sampler's peak on them, in bytes (128 MiB until the dense pass kept
+#: only each step's columns, 2 December 2026: 112 MiB of 100-row groups, now 78 MiB)
+_WORKING_MEMORY = 100 << 20
 
 
 def _held_and_peak(rows: int) -> int:
@@ -179,13 +180,14 @@ def _held_and_peak(rows: int) -> int:
 
 def test_working_memory_of_many_groups_is_bounded():
     """CELLS_HELD cells of 100-row groups (the dense path, thousands of groups) and their
-    sampling fit in _WORKING_MEMORY (about 110 MiB: a worker's peak RSS stays near 350 MiB,
+    sampling fit in _WORKING_MEMORY (about 78 MiB; 112 MiB before the dense pass worked on each
+    step's columns only, when a worker's peak RSS stayed near 350 MiB,
     benchmarks/bench_worker_memory.py)."""
     assert _held_and_peak(100) < _WORKING_MEMORY
 
 
 def test_working_memory_check_has_power(monkeypatch):
-    """The same check fails with the former CELLS_HELD, 2**21 (about 190 MiB; with the dense
-    tables of every step kept padded, worker peaks near 560 MiB)."""
+    """The same check fails with the former CELLS_HELD, 2**21 (about 127 MiB; 190 MiB with the
+    dense tables of every step kept padded, when worker peaks were near 560 MiB)."""
     monkeypatch.setattr(JM, "CELLS_HELD", 1 << 21)
     assert _held_and_peak(100) > _WORKING_MEMORY

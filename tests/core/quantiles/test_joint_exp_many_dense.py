@@ -3,10 +3,11 @@ bands span few cells get their forward tables from linear-space sums on one row 
 
 Its tables must equal the flat path's (:class:`joint_exp_many._Forward`) within the float error
 the module docstring states (here: 1e-10 on every log weight; the flat and dense numbers differ
-by about 1e-13), with the same -inf pattern; a group's tables must not depend on the other groups
-of its batch; a group the range guards refuse must be drawn by the flat path; and the draws
-must follow each group's law, with groups interleaved (chi-square at fixed seeds, rejecting
-epsilon x0.7 and x1.3).
+by about 1e-13), with the same -inf pattern, for groups of up to 3,000 rows at epsilon 1; a
+group's tables must not depend on the other groups of its batch; a group the range guards
+refuse must be drawn by the flat path (and one the span guard refuses must not enter the dense
+pass at all); and the draws must follow each group's law, with groups interleaved (chi-square
+at fixed seeds, rejecting epsilon x0.7 and x1.3).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _cases(m, neighboring, eps, gen):
     q = np.arange(1, m + 1) / (m + 1)
     cells = [J._grid_cells(k, w, grid.size) for k, w in _mixed_groups(grid, gen)]
     cells += [J._grid_cells(grid.snap(gen.normal(0.0, 5.0, n)).astype(np.int64), None, grid.size)
-              for n in (100, 100, 300, 1000)]
+              for n in (100, 100, 300, 1000, 3000)]
     return cells, q, c_of(q, eps, neighboring), grid.size
 
 
@@ -65,16 +66,30 @@ def _worst_difference(m, neighboring, eps, scale=1.0):
     cells, q, c, size = _cases(m, neighboring, eps, np.random.default_rng(77))
     flat, _ = _tables(cells, q, c, size, dense=False)
     dense, ok = _tables(cells, q, scale * c, size, dense=True)
+    return _difference(flat, dense, ok), int(ok.sum())
+
+
+def _difference(flat, dense, ok):
+    """Largest |dense - flat| over the finite log weights of the groups ``ok`` (inf if the
+    -inf patterns differ)."""
     worst = 0.0
     for g in np.flatnonzero(ok):
         for x, y in zip(_group_tables(flat, g), _group_tables(dense, g)):
             if not np.array_equal(np.isfinite(x), np.isfinite(y)):
-                return np.inf, int(ok.sum())
+                return np.inf
             fin = np.isfinite(x)
             if fin.any():
                 worst = max(worst, float(np.abs(x[fin] - y[fin]).max()))
         worst = max(worst, float(np.abs(flat.nu[g] - dense.nu[g]).max()))
-    return worst, int(ok.sum())
+    return worst
+
+
+def _normal_groups(sizes, seed):
+    """Cells of N(0, 5) groups of these sizes on the grid of [-100, 100] (the benchmark's)."""
+    grid = Grid(-100.0, 100.0)
+    gen = np.random.default_rng(seed)
+    return [J._grid_cells(np.unique(grid.snap(gen.normal(0.0, 5.0, n)).astype(np.int64)), None, grid.size)
+            for n in sizes], grid.size
 
 
 @pytest.mark.parametrize("m", [1, 2, 9])
@@ -86,6 +101,33 @@ def test_dense_tables_are_the_flat_ones_within_the_float_bound(m, neighboring, e
     worst, taken = _worst_difference(m, neighboring, eps)
     assert taken >= 6  # the groups of 100 rows at least (at epsilon 10, c n > _DENSE_SPAN above)
     assert worst <= TOL
+
+
+def test_groups_of_up_to_3000_rows_take_the_dense_path():
+    """At epsilon 1 (deciles), groups of 1,300 and 3,000 rows fit the span guard step by step
+    (a guard over the whole row refused every group past about 1,150 rows), and their dense
+    tables are the flat ones within TOL."""
+    cells, size = _normal_groups((1300, 3000, 3000), seed=12)
+    c = c_of(DECILES, 1.0)
+    flat, _ = _tables(cells, DECILES, c, size, dense=False)
+    dense, ok = _tables(cells, DECILES, c, size, dense=True)
+    assert ok.all()
+    assert _difference(flat, dense, ok) <= TOL
+
+
+def test_span_guard_refuses_before_the_dense_pass(monkeypatch):
+    """A group whose steps do not fit the span guard (1,000 rows at epsilon 10: c t alone is
+    278) goes to the flat pass without entering the dense one: every group the dense pass
+    gets, it accepts."""
+    cells, size = _normal_groups((100, 1000, 100), seed=13)
+    c = c_of(DECILES, 10.0)
+    lo, hi = J._bands(*cells[1], DECILES, c, size)
+    assert hi.max() - lo.min() <= JM._DENSE_WIDTH  # offered to the dense path by its width
+    calls = []
+    real = JM._Dense.run
+    monkeypatch.setattr(JM._Dense, "run", lambda self: calls.append(real(self)) or calls[-1])
+    JM._sample_many(cells, DECILES, c, size, resolve_rng(np.random.default_rng(2)))
+    assert [ok.tolist() for ok in calls] == [[True, True]]
 
 
 def test_dense_comparison_has_power():
