@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from dpq_spark.spark._columns import CODES, COUNTS, GID
 from dpq_spark.spark._fold import count_runs, run_starts
+from dpq_spark.spark._heap import trim_heap
 
 __all__ = ["pack_partition", "unpacked"]
 
@@ -51,6 +52,8 @@ def pack_partition(batches, span: int, keys: pa.Array | None = None):
             buffered, size = [], 0
     if buffered:
         yield from _packed_batches(buffered, span, keys)
+    del buffered
+    trim_heap()  # the worker is reused (the reduce stage's task may be next): see _heap
 
 
 def _packed_batches(batches, span: int, keys):

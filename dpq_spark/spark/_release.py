@@ -44,6 +44,7 @@ from dpq_spark.core.accounting.neighboring import (
 )
 from dpq_spark.spark._buckets import bucket_values
 from dpq_spark.spark._columns import CELL, COUNT, GID, KEY_HASH, MECHANISM, UNITS
+from dpq_spark.spark._heap import trim_heap
 from dpq_spark.spark._fold import FOLD_BUDGET, SPILL_SHRINK, CodeCounter, Fold, reduce_sorted
 from dpq_spark.spark._mechanisms import get_mechanism
 from dpq_spark.spark._packing import unpacked
@@ -435,13 +436,15 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
 def _with_fold(body, batches, params: ReleaseParams):
     """Run a partition body with its sink: a :class:`Fold` with bounds (its spill file deleted
     when the body ends, also when the task fails), else a :class:`CodeCounter` of (group, bucket)
-    codes."""
+    codes. When the body ends the freed memory goes back to the OS (:func:`trim_heap`)."""
     sink = CodeCounter() if params.bounds_free else Fold(params.fold_budget, params.spill_shrink)
     try:
         yield from body(batches, params, sink)
     finally:
         if isinstance(sink, Fold):
             sink.close()
+        del sink
+        trim_heap()  # the worker is reused: its next task starts from a small resident set
 
 
 def _release_sink(sink, params: ReleaseParams, units_of, hash_of):
