@@ -25,9 +25,12 @@ __all__ = ["trim_heap"]
 def _malloc_trim():
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        trim = ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):  # no such library, or a libc without malloc_trim
         return None
+    if trim is not None:  # int malloc_trim(size_t pad)
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def trim_heap() -> None:
