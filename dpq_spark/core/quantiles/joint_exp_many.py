@@ -592,10 +592,8 @@ def _draw_rows(fw, start, width, rows, source, out) -> np.ndarray:
 
 #: groups whose bands together span at most this many cells are offered to the dense path
 #: (:class:`_Dense`), which takes those whose every step fits the span guard (:func:`_span_fits`,
-#: before the pass). Until 2 December 2026 that guard was c (whole row's span + largest target)
-#: <= 350 checked after the pass, so past about 1,150 rows at epsilon 1 every group ran the dense
-#: pass for nothing, then the flat one (1,300 rows: 2.5 ms against 1.3 ms flat); the limit was
-#: 1,024 cells. CPU per group, N(0, 5) deciles, bounds +-100, dense against flat (best of 3,
+#: checked before the pass: a group refused after it would pay for both passes). CPU per group,
+#: N(0, 5) deciles, bounds +-100, dense against flat (best of 3,
 #: 2 December 2026, load about 2): epsilon 1, 1,000 rows 0.45 against 0.99 ms, 3,000 rows 0.89
 #: against 1.13 ms, 3,800 rows 0.87 against 1.26 ms; epsilon 0.1, 4,000 rows 2.6 against 10.1 ms,
 #: 16,000 rows 4.2 against 10.0 ms; epsilon 10, 300 rows 0.10 against 0.14 ms. Not larger: the
