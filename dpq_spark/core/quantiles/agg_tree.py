@@ -33,11 +33,63 @@ _MAX_LEAVES = 1 << 24
 HISTOGRAM_BINS = 16
 
 
+def leaf_index(values: np.ndarray, lower: float, upper: float, leaves: int) -> np.ndarray:
+    """The equal-width leaf of each value of ``[lower, upper]`` (the top leaf is closed at ``upper``)."""
+    idx = np.floor((values - lower) / (upper - lower) * leaves).astype(np.int64)
+    return np.clip(idx, 0, leaves - 1)
+
+
 def _leaf_histogram(data: SortedData, lower: float, upper: float, leaves: int) -> np.ndarray:
-    """Exact point counts of the equal-width leaves (the top bin is closed at ``upper``)."""
-    idx = np.floor((data.values - lower) / (upper - lower) * leaves).astype(np.int64)
-    idx = np.clip(idx, 0, leaves - 1)
+    """Exact point counts of the equal-width leaves."""
+    idx = leaf_index(data.values, lower, upper, leaves)
     return np.bincount(idx, weights=data.counts.astype(np.float64), minlength=leaves)
+
+
+def noisy_levels(data: SortedData, lower: float, upper: float, branching: int, height: int, scale, gen) -> list:
+    """The tree's node counts, level ``l`` holding ``branching**l`` nodes, each plus one discrete
+    Laplace draw of ``scale`` (levels 1 to ``height`` in that order; entry 0 is None)."""
+    exact = [None] * (height + 1)
+    exact[height] = _leaf_histogram(data, lower, upper, branching**height)
+    for level in range(height - 1, 0, -1):
+        exact[level] = exact[level + 1].reshape(-1, branching).sum(axis=1)
+    # counts are whole numbers below 2**53 (check_counts): the int64 conversion is exact
+    return [None] + [
+        (exact[level].astype(np.int64) + discrete_laplace(gen, scale, size=exact[level].size)).astype(np.float64)
+        for level in range(1, height + 1)
+    ]
+
+
+def node_variance(scale) -> float:
+    """The variance ``2 q / (1 - q)**2``, ``q = exp(-1 / scale)``, of one discrete Laplace count,
+    for the least squares. Every count has the same variance and the least squares depend only on
+    variance ratios, so a variance that underflows (huge epsilon) is replaced by 1."""
+    q = math.exp(-1.0 / float(scale))
+    return 2.0 * q / (1.0 - q) ** 2 if q > 0.0 else 1.0
+
+
+def honaker_variances(branching: int, height: int, variance: float, root_known: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The variances of :func:`honaker_aggregate`'s two passes, per level ``0 .. height``.
+
+    ``var_low[l]`` is the variance of a node's subtree estimate (bottom-up), ``var_high[l]`` that
+    of its estimate from its own count and everything outside its strict subtree (top-down);
+    ``var_high[0]`` is infinite when the root is not observed, and a level below an infinite one
+    has only its own count (``variance``).
+    """
+    var_low = np.zeros(height + 1)
+    var_low[height] = variance
+    for level in range(height - 1, 0, -1):
+        var_children = branching * var_low[level + 1]
+        var_low[level] = variance * var_children / (variance + var_children)
+    var_low[0] = 0.0 if root_known else branching * var_low[1]
+    var_high = np.zeros(height + 1)
+    var_high[0] = 0.0 if root_known else np.inf
+    for level in range(1, height + 1):
+        if np.isinf(var_high[level - 1]):
+            var_high[level] = variance
+            continue
+        var_above = var_high[level - 1] + (branching - 1) * var_low[level]
+        var_high[level] = variance * var_above / (variance + var_above)
+    return var_low, var_high
 
 
 def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, root: float | None) -> list[np.ndarray]:
@@ -76,34 +128,28 @@ def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, 
     def up(a):  # children summed into their parent
         return a.reshape(*a.shape[:-1], -1, branching).sum(axis=-1)
 
+    var_low, var_high = honaker_variances(branching, height, variance, root is not None)
     low = [None] * (height + 1)
-    var_low = np.zeros(height + 1)
     low[height] = noisy[height].astype(np.float64)
-    var_low[height] = variance
     for level in range(height - 1, 0, -1):
         child_sum = up(low[level + 1])
         var_children = branching * var_low[level + 1]
         w = var_children / (variance + var_children)
         low[level] = w * noisy[level] + (1.0 - w) * child_sum
-        var_low[level] = variance * var_children / (variance + var_children)
     if root is None:
         low[0] = up(low[1])
-        var_low[0] = branching * var_low[1]
     else:
         low[0] = np.asarray(root, dtype=np.float64).reshape(*lead, 1)
-        var_low[0] = 0.0
 
     # high[l]: estimate of a node from everything outside its strict subtree. An unobserved root
     # carries no such information (infinite variance).
     high = [None] * (height + 1)
-    var_high = np.zeros(height + 1)
     high[0] = low[0]
-    var_high[0] = np.inf if root is None else 0.0
     final = [None] * (height + 1)
     final[0] = low[0]
     for level in range(1, height + 1):
         if np.isinf(var_high[level - 1]):
-            high[level], var_high[level], final[level] = noisy[level].astype(np.float64), variance, low[level]
+            high[level], final[level] = noisy[level].astype(np.float64), low[level]
             continue
         # parent-minus-siblings, by broadcasting over (..., parents, branching) (no repeats)
         low_kids = low[level].reshape(*lead, -1, branching)
@@ -113,7 +159,6 @@ def honaker_aggregate(noisy: list[np.ndarray], branching: int, variance: float, 
         # high: own noisy count combined with parent-minus-siblings.
         w_own = var_above / (variance + var_above)
         high[level] = w_own * noisy[level] + (1.0 - w_own) * from_above
-        var_high[level] = variance * var_above / (variance + var_above)
         # final: subtree estimate combined with parent-minus-siblings.
         w_low = var_above / (var_low[level] + var_above)
         final[level] = w_low * low[level] + (1.0 - w_low) * from_above
@@ -236,20 +281,8 @@ def agg_tree(
     swap = request.neighboring is NeighboringRelation.SWAP
     scale = dlap_scale(h * (2 if swap else 1), request.epsilon)
 
-    exact = [None] * (h + 1)
-    exact[h] = _leaf_histogram(data, request.lower, request.upper, b**h)
-    for level in range(h - 1, 0, -1):
-        exact[level] = exact[level + 1].reshape(-1, b).sum(axis=1)
-    # counts are whole numbers below 2**53 (check_counts): the int64 conversion is exact
-    noisy = [None] + [
-        (exact[level].astype(np.int64) + discrete_laplace(gen, scale, size=exact[level].size)).astype(np.float64)
-        for level in range(1, h + 1)
-    ]
-    # Post-processing only: every count has the same variance and the least squares depend only
-    # on variance ratios, so a variance that underflows (huge epsilon) can be replaced by 1.
-    q = math.exp(-1.0 / float(scale))
-    variance = 2.0 * q / (1.0 - q) ** 2 if q > 0.0 else 1.0
-    tree = honaker_aggregate(noisy, b, variance, float(data.n) if swap else None)
+    noisy = noisy_levels(data, request.lower, request.upper, b, h, scale, gen)
+    tree = honaker_aggregate(noisy, b, node_variance(scale), float(data.n) if swap else None)  # post-processing
     out = np.array([_descend(tree, b, request.lower, request.upper, float(q)) for q in request.quantiles])
     # Rounded to the public grid, like every other release (post-processing).
     return grid.value(grid.snap(np.sort(np.clip(out, request.lower, request.upper))))

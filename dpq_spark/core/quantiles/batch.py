@@ -92,7 +92,7 @@ from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles._sorted_data import sort_data
 from dpq_spark.core.quantiles.coarse_bands import coarse_midpoints, coarse_of, grid_coarse_shift
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
-from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS
+from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS, honaker_variances, leaf_index, node_variance
 from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
 from dpq_spark.core.quantiles.approx_quantiles import _sensitivity as _approx_sensitivity
 from dpq_spark.core.quantiles.approx_quantiles import recursion_depth
@@ -825,9 +825,8 @@ def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, sour
             used += G * b**level
         local, rows = _member_rows(bounds, chunk)
         if rows.size:
-            # the leaf of each value, as agg_tree's _leaf_histogram on the clamped values
-            v = np.clip(x[rows], lower, upper)
-            leaf = np.clip(np.floor((v - lower) / (upper - lower) * leaves).astype(np.int64), 0, leaves - 1)
+            # the leaf of each clamped value, as agg_tree's
+            leaf = leaf_index(np.clip(x[rows], lower, upper), lower, upper, leaves)
             weight = counts[rows].astype(np.float64)
             for level in range(1, h + 1):
                 np.add.at(noisy[level], (local, leaf // b ** (h - level)), weight)
@@ -841,9 +840,7 @@ def _post_process(noisy, b, scale, root, q, lower, upper) -> np.ndarray:
     numbers of :func:`~dpq_spark.core.quantiles.agg_tree.agg_tree` per group: Honaker's bottom-up pass on
     every node, then its top-down pass only on the children of the nodes the descent visits
     (the descent reads nothing else), and the descent."""
-    qq = math.exp(-1.0 / float(scale))
-    variance = 2.0 * qq / (1.0 - qq) ** 2 if qq > 0.0 else 1.0
-    est = _aggregate_and_descend(noisy, b, variance, root, q, lower, upper)
+    est = _aggregate_and_descend(noisy, b, node_variance(scale), root, q, lower, upper)
     return np.sort(np.clip(est, lower, upper), axis=1)
 
 
@@ -852,25 +849,20 @@ def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndar
     quantile, the same floating-point operations in the same order on the nodes that matter."""
     height = len(noisy) - 1
     G, m = noisy[height].shape[0], q.size
+    var_low, var_high = honaker_variances(b, height, variance, root is not None)
     # Bottom-up (every node), as honaker_aggregate.
     low = [None] * (height + 1)
-    var_low = np.zeros(height + 1)
     low[height] = np.asarray(noisy[height], dtype=np.float64)
-    var_low[height] = variance
     for level in range(height - 1, 0, -1):
         child_sum = low[level + 1].reshape(G, -1, b).sum(axis=-1)
         var_children = b * var_low[level + 1]
         w = var_children / (variance + var_children)
         low[level] = w * noisy[level] + (1.0 - w) * child_sum
-        var_low[level] = variance * var_children / (variance + var_children)
     if root is None:
         low[0] = low[1].reshape(G, -1, b).sum(axis=-1)
-        var_low[0] = b * var_low[1]
     else:
         low[0] = np.asarray(root, dtype=np.float64).reshape(G, 1)
-        var_low[0] = 0.0
     # Top-down along the descent paths only.
-    var_high = np.inf if root is None else 0.0
     high = np.broadcast_to(low[0][:, :1], (G, m)).copy()  # high of the current node, per path
     node = np.zeros((G, m), dtype=np.int64)
     left = np.full((G, m), float(lower))
@@ -886,15 +878,14 @@ def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndar
             kids = node[..., None] * b + np.arange(b)  # (G, m, b) node indices
             kids_low = low[level][rows[..., None], kids]
             kids_noisy = noisy[level][rows[..., None], kids].astype(np.float64)
-        if np.isinf(var_high):
-            kids_high, final, var_high = kids_noisy, kids_low, variance
+        if np.isinf(var_high[level - 1]):
+            kids_high, final = kids_noisy, kids_low
         else:
             sibling_sum = kids_low.sum(axis=-1, keepdims=True)
             from_above = high[..., None] - (sibling_sum - kids_low)
-            var_above = var_high + (b - 1) * var_low[level]
+            var_above = var_high[level - 1] + (b - 1) * var_low[level]
             w_own = var_above / (variance + var_above)
             kids_high = w_own * kids_noisy + (1.0 - w_own) * from_above
-            var_high = variance * var_above / (variance + var_above)
             w_low = var_above / (var_low[level] + var_above)
             final = w_low * kids_low + (1.0 - w_low) * from_above
         # The descent step of agg_tree._descend on the children's final estimates.
