@@ -42,8 +42,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpq_spark.core.quantiles.agg_tree import _descend, honaker_aggregate  # noqa: E402
-from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale  # noqa: E402
+from dpq_spark.core.quantiles._sorted_data import sort_data  # noqa: E402
+from dpq_spark.core.quantiles.agg_tree import (  # noqa: E402
+    _descend,
+    honaker_aggregate,
+    honaker_variances,
+    node_variance,
+    noisy_levels,
+)
+from dpq_spark.core.randomness.samplers import dlap_scale  # noqa: E402
 from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
 
 VARIANTS = ("hard3L1", "softL1", "softL2", "softAll", "softL1p9")
@@ -65,35 +72,19 @@ def sample(kind: str, n: int, rep: int) -> np.ndarray:
 
 def noisy_tree(x, bound, branching, height, eps, rng):
     """AggTree's aggregated tree (the same counts, noise and aggregation as ``agg_tree``)."""
-    leaves = branching**height
-    idx = np.clip(np.floor((x + bound) / (2 * bound) * leaves).astype(np.int64), 0, leaves - 1)
-    exact = [None] * (height + 1)
-    exact[height] = np.bincount(idx, minlength=leaves)
-    for level in range(height - 1, 0, -1):
-        exact[level] = exact[level + 1].reshape(-1, branching).sum(axis=1)
     scale = dlap_scale(height, eps)
-    noisy = [None] + [(exact[lv] + discrete_laplace(rng, scale, size=exact[lv].size)).astype(np.float64)
-                      for lv in range(1, height + 1)]
-    q = math.exp(-1.0 / float(scale))
-    variance = 2.0 * q / (1.0 - q) ** 2
+    noisy = noisy_levels(sort_data(x, None, -bound, bound), -bound, bound, branching, height, scale, rng)
+    variance = node_variance(scale)
     return honaker_aggregate(noisy, branching, variance, None), variance
 
 
 def final_variances(variance: float, branching: int, height: int) -> np.ndarray:
     """Variance of the aggregated estimate per level (root unobserved), as honaker_aggregate."""
-    low = np.zeros(height + 1)
-    low[height] = variance
-    for level in range(height - 1, 0, -1):
-        kids = branching * low[level + 1]
-        low[level] = variance * kids / (variance + kids)
-    high = np.zeros(height + 1)
+    low, high = honaker_variances(branching, height, variance, False)
     out = np.zeros(height + 1)
-    for level in range(1, height + 1):
-        if level == 1:
-            high[1], out[1] = variance, low[1]
-            continue
+    out[1] = low[1]  # the root is unobserved: level 1 has its subtree estimate only
+    for level in range(2, height + 1):
         above = high[level - 1] + (branching - 1) * low[level]
-        high[level] = variance * above / (variance + above)
         out[level] = low[level] * above / (low[level] + above)
     return out
 
