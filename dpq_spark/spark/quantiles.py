@@ -179,7 +179,7 @@ def dp_quantiles(
         ApproxQuantiles, then AggTree (for 50 quantiles or more at moderate ``n epsilon``, on a
         smaller tree). Or a pure mechanism by name: ``"joint_exp"``, ``"ind_exp"``,
         ``"approx_quantiles"``, ``"agg_tree"``, ``"histogram"``, ``"agg_tree_8x3"``,
-        ``"agg_tree_8x4"``.
+        ``"agg_tree_12x3"``, ``"agg_tree_8x4"``.
     selection_fraction : float, default 0.5
         Share of ``epsilon`` spent on partition selection when ``delta`` is given.
     bounds_share : float, optional

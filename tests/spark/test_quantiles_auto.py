@@ -36,7 +36,7 @@ def _names(out) -> dict:
     return {g: sorted(set(part["mechanism"])) for g, part in pdf.groupby("g")}
 
 
-@pytest.mark.parametrize("m, expected", [(1, "ind_exp"), (9, "joint_exp"), (99, "agg_tree_8x4")])
+@pytest.mark.parametrize("m, expected", [(1, "ind_exp"), (9, "joint_exp"), (99, "agg_tree_12x3")])
 def test_auto_records_the_rule_per_group(normal, m, expected):
     # the rule at the group's n (the 5% noisy count is within a few rows of N at epsilon = 1)
     assert choose_mechanism(m, n=N, epsilon=1.0 - DEFAULT_COUNT_SHARE) == expected

@@ -15,6 +15,7 @@ from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles as _base_
 from dpq_spark.core.quantiles.ind_exp import ind_exp as _base_ind_exp
 from dpq_spark.core.quantiles.joint_exp import joint_exp as _base_joint_exp
 from dpq_spark.core.quantiles.sized_tree import agg_tree_8x3 as _base_agg_tree_8x3
+from dpq_spark.core.quantiles.sized_tree import agg_tree_12x3 as _base_agg_tree_12x3
 from dpq_spark.core.quantiles.sized_tree import agg_tree_8x4 as _base_agg_tree_8x4
 
 __all__ = ["get_base_mechanism"]
@@ -27,6 +28,7 @@ _BASE: dict[str, Callable] = {
     "histogram": _base_histogram,
     "approx_quantiles": _base_approx_quantiles,
     "agg_tree_8x3": _base_agg_tree_8x3,
+    "agg_tree_12x3": _base_agg_tree_12x3,
     "agg_tree_8x4": _base_agg_tree_8x4,
 }
 

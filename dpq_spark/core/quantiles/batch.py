@@ -177,7 +177,7 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         steps), as in the per-group core mechanisms.
     neighboring : {"add_remove", "swap"} or NeighboringRelation
     mechanism : {"auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram", \
-"agg_tree_8x3", "agg_tree_8x4"}
+"agg_tree_8x3", "agg_tree_12x3", "agg_tree_8x4"}
         ``"auto"`` (default) is :func:`dpq_spark.core.auto` per group: under add/remove a noisy
         count with ``count_share * epsilon``, then the public rule.
     rng : numpy.random.Generator, RandomSource or None

@@ -8,19 +8,20 @@ quantiles), ``n`` (the row count: public under swap neighbours; under add/remove
 given, the public grid: its step ``granularity`` (declared by the caller) and ``G``, its number of
 points between the bounds (:func:`grid_points`). With ``s = n * epsilon``, bands of ``m``
 ``1 | 2-5 | 6-16 | 17-49 | 50-53 | 54+`` and of ``s`` cut at 25 and at quarter decades (316,
-1778, 3162, 10**4.75, 10**6.5):
+1778, 3162, 10**4.75, 10**6.5; and 12,000 for the 12**3 tree):
 
-=======================  ======  ==========  ==========  ==========  =========  =========
-no declared grid         m = 1   m 2-5       m 6-16      m 17-49     m 50-53    m >= 54
-=======================  ======  ==========  ==========  ==========  =========  =========
-s < 25                   IndExp  histogram   histogram   histogram   histogram  histogram
-25 <= s < 316            IndExp  first rule  first rule  first rule  8x3        8x3
-316 <= s < 1778          IndExp  JointExp    JointExp    JointExp    8x3        8x3
-1778 <= s < 3162         IndExp  JointExp    JointExp    JointExp    8x4        8x4
-3162 <= s < 10**4.75     IndExp  JointExp    JointExp    AQ          AQ         8x4
-10**4.75 <= s < 10**6.5  IndExp  JointExp    JointExp    AQ          AQ         AggTree
-s >= 10**6.5             IndExp  JointExp    JointExp    AQ          AQ         AQ
-=======================  ======  ==========  ==========  ==========  =========  =========
+=========================  ======  ==========  ==========  ==========  =========  =========
+no declared grid           m = 1   m 2-5       m 6-16      m 17-49     m 50-53    m >= 54
+=========================  ======  ==========  ==========  ==========  =========  =========
+s < 25                     IndExp  histogram   histogram   histogram   histogram  histogram
+25 <= s < 316              IndExp  first rule  first rule  first rule  8x3        8x3
+316 <= s < 1778            IndExp  JointExp    JointExp    JointExp    8x3        8x3
+1778 <= s < 3162           IndExp  JointExp    JointExp    JointExp    12x3       12x3
+3162 <= s < 12000          IndExp  JointExp    JointExp    AQ          AQ         12x3
+12000 <= s < 10**4.75      IndExp  JointExp    JointExp    AQ          AQ         8x4
+10**4.75 <= s < 10**6.5    IndExp  JointExp    JointExp    AQ          AQ         AggTree
+s >= 10**6.5               IndExp  JointExp    JointExp    AQ          AQ         AQ
+=========================  ======  ==========  ==========  ==========  =========  =========
 
 A declared grid (``granularity`` given) of ``G <= TYPED_GRID_MAX = 16**4`` points (AggTree's
 default leaves then hold at most one grid point each; integers, dates, decimals) has its own rule:
@@ -35,10 +36,14 @@ s < 25               AQ     histogram  histogram  histogram  histogram
 s >= 10**6.5         AQ     AQ         AggTree    AggTree    AggTree
 ===================  =====  =========  =========  =========  =========
 
-8x3 and 8x4 are ``agg_tree_8x3`` and ``agg_tree_8x4``, AggTree on 8**3 and 8**4 leaves
-(:mod:`~dpq_spark.core.quantiles.sized_tree`; 1778 is ``10**3.25``; ``benchmarks/bench_many_quantiles.py``,
-2 December 2026: at m = 99, n = 1e4, epsilon = 1, 0.84x the 16**4 tree's error). For
-50 <= m <= 53 the 8**4 tree only ties ApproxQuantiles from ``s = 10**3.5``, so it stops there.
+8x3, 12x3 and 8x4 are ``agg_tree_8x3``, ``agg_tree_12x3`` and ``agg_tree_8x4``, AggTree on 8**3,
+12**3 and 8**4 leaves (:mod:`~dpq_spark.core.quantiles.sized_tree`; 1778 is ``10**3.25``;
+``benchmarks/bench_many_quantiles.py``, 3 December 2026: at m = 99, n = 1e4, epsilon = 1, the
+12**3 tree has 0.76x the 16**4 tree's error and 0.91x the 8**4 tree's). The 12**3 tree stops at
+``s = 12,000``, where its gain on bounds 20 standard deviations wide (0.80-0.98x the 8**4 tree's
+error from ``s`` = 5,623 to 13,335) stops paying for its loss on bounds 200 standard deviations
+wide, where its leaves are too wide (1.07-1.25x at ``s = 1e4``, 1.26-1.40x at 13,335). For
+50 <= m <= 53 the sized trees only tie ApproxQuantiles from ``s = 10**3.5``, so they stop there.
 
 (AQ = ApproxQuantiles; histogram = 16 bins; first rule: see below.) A larger declared grid, or
 none, gets the first table; so do callers that pass no grid (bounds missing: the grid is only
@@ -48,7 +53,8 @@ columns: JointExp for ``m <= M1 = 35 (s / 1000) ** 0.4``, ApproxQuantiles for
 ``epsilon = 1`` (missed points; ``benchmarks/results/accuracy_trials.csv``) and to
 ``benchmarks/choosing_parameters.py --part crossover``.
 
-Where the tables come from: ``benchmarks/choosing_auto_grid.py`` (2 December 2026; the errors in
+Where the tables come from: ``benchmarks/choosing_auto_grid.py`` (2 December 2026, continuous
+rows again on 3 December with the 12**3 tree; the errors in
 ``benchmarks/results/choosing_auto_grid_errors.csv``, auto's ratio to the best per case in
 ``..._ratios.csv``): m in {1, 3, 9, 29, 99, 199}, s in {10, ..., 1e7} (n up to 1e5, epsilon up to
 100), add/remove, bounds given, mean absolute error against the true quantiles over 8-80 seeded
@@ -58,9 +64,9 @@ mechanism with the smallest worst ratio to the best over the measured cases of i
 the 168 cases auto's error is within 1.15x of the best explicit mechanism's; of the other 15, 10
 are within two standard errors of it (errors of one grid step in a few releases, or a close
 runner-up) and 5 are not: continuous columns at ``s = 10`` with m = 1 (2.2x; the histogram is
-best) and at ``s = 100`` with m = 9, 29 (5.4x, 2.7x; the histogram again), where the
+best) and at ``s = 100`` with m = 9, 29 (6.4x, 2.7x; the 8**3 tree and the histogram), where the
 first rule and the ``size < 25`` threshold are kept: bounds 13x wider than the data's spread
-favour the coarse histogram there, the earlier measurements with tighter bounds (below) did not,
+favour the coarse trees there, the earlier measurements with tighter bounds (below) did not,
 and the batched and Spark paths' tests of small groups are built on these choices; continuous
 columns at m = 3, ``s = 1000`` (1.40x: ApproxQuantiles is best), where JointExp is kept (the Spark
 path runs it on exact grid indices, ApproxQuantiles on coarse cells, and its exactness tests pin
@@ -114,8 +120,9 @@ _FEW, _SOME, _MANY = 5, 16, 53
 # The first rule's crossovers (JointExp up to M1, ApproxQuantiles up to M2), used below _S2.
 _M1, _M2, _POWER, _REF = 35.0, 55.0, 0.4, 1000.0
 # Many quantiles (m >= _TREES_FROM) without a declared grid: AggTree on 8**3 leaves below
-# n * epsilon = _S_TREE3, on 8**4 leaves below _S_TREE4 (benchmarks/bench_many_quantiles.py).
-_TREES_FROM, _S_TREE3, _S_TREE4 = 50, 10**3.25, 10**4.75
+# n * epsilon = _S_TREE3, on 12**3 leaves below _S_TREE12, on 8**4 leaves below _S_TREE4
+# (benchmarks/bench_many_quantiles.py).
+_TREES_FROM, _S_TREE3, _S_TREE12, _S_TREE4 = 50, 10**3.25, 12_000, 10**4.75
 
 
 def grid_points(lower, upper, granularity=None) -> int:
@@ -139,7 +146,9 @@ def _continuous(m: int, size: float) -> str:
     if size < TINY_SIZE:
         return "histogram"
     if m >= _TREES_FROM and size < (_S_TREE4 if m > _MANY else _S3):  # the sized trees (notes)
-        return "agg_tree_8x3" if size < _S_TREE3 else "agg_tree_8x4"
+        if size < _S_TREE3:
+            return "agg_tree_8x3"
+        return "agg_tree_12x3" if size < _S_TREE12 else "agg_tree_8x4"
     if size < _S2:  # the first rule (module notes), kept below n * epsilon = 316
         factor = (max(size, 1.0) / _REF) ** _POWER
         if m <= max(2.0, _M1 * factor):

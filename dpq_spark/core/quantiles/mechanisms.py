@@ -16,18 +16,19 @@ name                  guarantee                    neighbouring        extra key
 ``agg_tree``          pure ``epsilon``-DP          add_remove, swap    ``branching=16, height=4``
 ``histogram``         pure ``epsilon``-DP          add_remove, swap    ``bins=16``
 ``agg_tree_8x3``      pure ``epsilon``-DP          add_remove, swap    (none)
+``agg_tree_12x3``     pure ``epsilon``-DP          add_remove, swap    (none)
 ``agg_tree_8x4``      pure ``epsilon``-DP          add_remove, swap    (none)
 ``approx_quantiles``  pure ``epsilon``-DP          add_remove, swap    (none)
 ``auto``              pure ``epsilon``-DP          add_remove, swap    ``n_hint``, ``count_share``
 ====================  ===========================  ==================  =========================
 
-``agg_tree_8x3`` and ``agg_tree_8x4`` (:mod:`dpq_spark.core.quantiles.sized_tree`) are AggTree on
-an 8-ary tree of height 3 or 4, the trees ``auto`` runs for many quantiles at moderate
-``n * epsilon``.
+``agg_tree_8x3``, ``agg_tree_12x3`` and ``agg_tree_8x4`` (:mod:`dpq_spark.core.quantiles.sized_tree`)
+are AggTree on an 8-ary tree of height 3, a 12-ary tree of height 3 and an 8-ary tree of height
+4, the trees ``auto`` runs for many quantiles at moderate ``n * epsilon``.
 
-``auto`` (:mod:`dpq_spark.core.quantiles.choose`) picks one of the seven pure mechanisms from ``m``, ``n``
+``auto`` (:mod:`dpq_spark.core.quantiles.choose`) picks one of the eight pure mechanisms from ``m``, ``n``
 and ``epsilon`` and returns a :class:`~dpq_spark.core.quantiles.release.QuantileRelease` whose
-``.mechanism`` names it. In the seven pure entries and ``auto``, ``lower`` and ``upper`` are
+``.mechanism`` names it. In the eight pure entries and ``auto``, ``lower`` and ``upper`` are
 optional: a missing bound is released privately first with ``bounds_share`` of epsilon (default
 0.2; :mod:`dpq_spark.core.quantiles.bounds`), and the result is then a ``QuantileRelease`` carrying the
 bounds used.
@@ -58,7 +59,7 @@ from dpq_spark.core.quantiles.smooth import csmooth, smooth
 
 __all__ = ["MECHANISMS", "GUARANTEES", "FLOAT_SAFE", "get_mechanism", "get_base_mechanism", "auto",
            "joint_exp", "ind_exp", "agg_tree", "histogram", "approx_quantiles", "agg_tree_8x3",
-           "agg_tree_8x4"]
+           "agg_tree_12x3", "agg_tree_8x4"]
 
 # The pure mechanisms as the package offers them: ``lower``/``upper`` optional, a missing bound released
 # privately first with ``bounds_share`` of epsilon (dpq_spark.core.quantiles.bounds). With both bounds given
@@ -69,6 +70,7 @@ agg_tree = with_private_bounds(_BASE["agg_tree"])
 histogram = with_private_bounds(_BASE["histogram"])
 approx_quantiles = with_private_bounds(_BASE["approx_quantiles"])
 agg_tree_8x3 = with_private_bounds(_BASE["agg_tree_8x3"])
+agg_tree_12x3 = with_private_bounds(_BASE["agg_tree_12x3"])
 agg_tree_8x4 = with_private_bounds(_BASE["agg_tree_8x4"])
 
 MECHANISMS: dict[str, Callable] = {
@@ -82,6 +84,7 @@ MECHANISMS: dict[str, Callable] = {
     "histogram": histogram,
     "approx_quantiles": approx_quantiles,
     "agg_tree_8x3": agg_tree_8x3,
+    "agg_tree_12x3": agg_tree_12x3,
     "agg_tree_8x4": agg_tree_8x4,
 }
 
@@ -96,6 +99,7 @@ GUARANTEES: dict[str, str] = {
     "histogram": "pure",
     "approx_quantiles": "pure",
     "agg_tree_8x3": "pure",
+    "agg_tree_12x3": "pure",
     "agg_tree_8x4": "pure",
 }
 
@@ -114,6 +118,7 @@ FLOAT_SAFE: dict[str, bool] = {
     "histogram": True,
     "approx_quantiles": True,
     "agg_tree_8x3": True,
+    "agg_tree_12x3": True,
     "agg_tree_8x4": True,
 }
 

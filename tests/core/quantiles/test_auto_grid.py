@@ -72,7 +72,7 @@ def test_rule_without_a_declared_grid():
     assert _plain(29, 1000) == "joint_exp"
     assert {_plain(29, s) for s in (1e4, 1e5, 1e6, 1e7)} == {"approx_quantiles"}
     assert {_plain(m, 1e3) for m in (99, 199)} == {"agg_tree_8x3"}
-    assert {_plain(m, 1e4) for m in (99, 199)} == {"agg_tree_8x4"}
+    assert {_plain(m, 1e4) for m in (99, 199)} == {"agg_tree_12x3"}
     assert {_plain(m, s) for m in (99, 199) for s in (1e5, 1e6)} == {"agg_tree"}
     assert _plain(99, 1e7) == _plain(199, 1e7) == "approx_quantiles"
     # the band edges: 25 and half decades of n * epsilon, m = 16 | 17, 53 | 54
@@ -81,12 +81,13 @@ def test_rule_without_a_declared_grid():
     assert _plain(49, 3162) == "joint_exp" and _plain(49, 3163) == "approx_quantiles"
     assert _plain(16, 1e5) == "joint_exp" and _plain(17, 1e5) == "approx_quantiles"
     assert _plain(53, 1e5) == "approx_quantiles" and _plain(54, 1e5) == "agg_tree"
-    # the sized trees (m >= 50): 8**3 leaves from 25 to 10**3.25, 8**4 up to 10**4.75, or up to
-    # 10**3.5 for m = 50-53, where they only tie ApproxQuantiles beyond
+    # the sized trees (m >= 50): 8**3 leaves from 25 to 10**3.25, 12**3 up to 12,000, 8**4 up
+    # to 10**4.75, or 12**3 only up to 10**3.5 for m = 50-53, where they only tie ApproxQuantiles
     assert _plain(50, 24.9) == "histogram" and _plain(50, 25) == "agg_tree_8x3"
-    assert _plain(99, 1778) == "agg_tree_8x3" and _plain(99, 1779) == "agg_tree_8x4"
-    assert _plain(53, 3162) == "agg_tree_8x4" and _plain(53, 3163) == "approx_quantiles"
-    assert _plain(54, 3163) == "agg_tree_8x4"
+    assert _plain(99, 1778) == "agg_tree_8x3" and _plain(99, 1779) == "agg_tree_12x3"
+    assert _plain(53, 3162) == "agg_tree_12x3" and _plain(53, 3163) == "approx_quantiles"
+    assert _plain(54, 3163) == "agg_tree_12x3"
+    assert _plain(54, 11_999) == "agg_tree_12x3" and _plain(54, 12_000) == "agg_tree_8x4"
     assert _plain(54, 56234) == "agg_tree_8x4" and _plain(54, 56235) == "agg_tree"
 
 

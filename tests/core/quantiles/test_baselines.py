@@ -35,7 +35,8 @@ def _call(name, values, quantiles=(0.25, 0.5, 0.75), **kw):
 
 
 def test_registry_names_and_guarantees():
-    assert set(MECHANISMS) == {"joint_exp", "auto", "agg_tree_8x3", "agg_tree_8x4", *BASELINES}
+    assert set(MECHANISMS) == {"joint_exp", "auto", "agg_tree_8x3", "agg_tree_12x3", "agg_tree_8x4",
+                               *BASELINES}
     assert set(GUARANTEES) == set(MECHANISMS)
     assert GUARANTEES["csmooth"] == "zcdp" and GUARANTEES["app_ind_exp"] == "approx"
     # registered with optional bounds (dpq_spark.core.quantiles.bounds.with_private_bounds)
