@@ -5,10 +5,12 @@ Usage::
     nice -n 5 .venv/bin/python benchmarks/bench_many_quantiles.py            # the full grid
     .venv/bin/python benchmarks/bench_many_quantiles.py --quick               # a smoke run
     .venv/bin/python benchmarks/bench_many_quantiles.py --bounds 1000 --trees-only
+    .venv/bin/python benchmarks/bench_many_quantiles.py --bounds 1000 --trees-only \
+        --sizes 10000:0.5623,10000:1,10000:1.3335,10000:1.7783     # other (n, epsilon) cases
 
 For each case (m in {50, 99, 199}; n in {1e3, 1e4, 1e5, 1e6}; epsilon in {0.1, 1, 10}), data
 N(0, 5) with bounds +-100 (``--bounds``), add/remove neighbours, every mechanism runs on the same
-datasets with the same seeds: ``agg_tree_8x3``, ``agg_tree_8x4``, ``agg_tree`` (16**4),
+datasets with the same seeds: ``agg_tree_8x3``, ``agg_tree_12x3``, ``agg_tree_8x4``, ``agg_tree`` (16**4),
 ``joint_exp`` and ``approx_quantiles``. The error of a release is the mean absolute difference
 between its m values and the true quantiles (``numpy.quantile(x, q, method="inverted_cdf")``,
 data points); the table gives its mean over the repetitions and the standard error of that
@@ -39,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, auto, choose_mechanism  # noqa: E402
 from dpq_spark.core.quantiles.mechanisms import get_base_mechanism  # noqa: E402
 
-NAMES = ("agg_tree_8x3", "agg_tree_8x4", "agg_tree", "joint_exp", "approx_quantiles")
-TREES = ("agg_tree_8x3", "agg_tree_8x4", "agg_tree")
-SHORT = {"agg_tree_8x3": "8^3", "agg_tree_8x4": "8^4", "agg_tree": "16^4", "joint_exp": "JE",
+NAMES = ("agg_tree_8x3", "agg_tree_12x3", "agg_tree_8x4", "agg_tree", "joint_exp", "approx_quantiles")
+TREES = ("agg_tree_8x3", "agg_tree_12x3", "agg_tree_8x4", "agg_tree")
+SHORT = {"agg_tree_8x3": "8^3", "agg_tree_12x3": "12^3", "agg_tree_8x4": "8^4", "agg_tree": "16^4", "joint_exp": "JE",
          "approx_quantiles": "AQ"}
 MS = (50, 99, 199)
 NS = (1_000, 10_000, 100_000, 1_000_000)
@@ -127,8 +129,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two repetitions, m = 99 only, print only")
     ap.add_argument("--reps-scale", type=float, default=1.0)
     ap.add_argument("--bounds", type=float, default=100.0, help="bounds +-B (default 100)")
-    ap.add_argument("--trees-only", action="store_true", help="only the three AggTrees")
+    ap.add_argument("--trees-only", action="store_true", help="only the four AggTrees")
     ap.add_argument("--m", type=int, nargs="+", default=list(MS), help="numbers of quantiles")
+    ap.add_argument("--sizes", default=None,
+                    help="comma-separated n:epsilon cases instead of the grid (e.g. 10000:1.3335)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "many_quantiles.txt")
     args = ap.parse_args(argv)
     names = TREES if args.trees_only else NAMES
@@ -144,19 +148,22 @@ def main(argv=None) -> int:
         header += "  auto today -> auto now (ratio)"
     lines.append(header)
     print("\n".join(lines), flush=True)
+    if args.sizes:
+        cases = [(int(float(c.split(":")[0])), float(c.split(":")[1])) for c in args.sizes.split(",")]
+    else:
+        cases = [(n, eps) for n in NS for eps in EPSILONS]
     for m in ms:
-        for n in NS:
-            for eps in EPSILONS:
-                reps = reps_for(n, scale)
-                errs = run_case(m, n, eps, reps, args.bounds, names)
-                row = f"{m:<4d} {n:<8d} {eps:<5g} {reps:<5d} " + "  ".join(f"{fmt(errs[k]):>16s}" for k in names)
-                if not args.trees_only:
-                    before, now = old_rule(m, n * eps), choose_mechanism(m, n=n, epsilon=eps)
-                    e_before = errs[before].mean() if before in errs else float("nan")
-                    row += (f"  {SHORT.get(before, before)} -> {SHORT.get(now, now)} "
-                            f"({errs[now].mean() / e_before:.2f})")
-                lines.append(row)
-                print(row, f"[{time.time() - started:.0f}s, load {os.getloadavg()[0]:.2f}]", flush=True)
+        for n, eps in cases:
+            reps = reps_for(n, scale)
+            errs = run_case(m, n, eps, reps, args.bounds, names)
+            row = f"{m:<4d} {n:<8d} {eps:<5g} {reps:<5d} " + "  ".join(f"{fmt(errs[k]):>16s}" for k in names)
+            if not args.trees_only:
+                before, now = old_rule(m, n * eps), choose_mechanism(m, n=n, epsilon=eps)
+                e_before = errs[before].mean() if before in errs else float("nan")
+                row += (f"  {SHORT.get(before, before)} -> {SHORT.get(now, now)} "
+                        f"({errs[now].mean() / e_before:.2f})")
+            lines.append(row)
+            print(row, f"[{time.time() - started:.0f}s, load {os.getloadavg()[0]:.2f}]", flush=True)
     if not args.quick and not args.trees_only and MAIN[0] in ms:
         m, n, eps = MAIN
         picked = check_auto(m, n, eps, args.bounds)

@@ -21,7 +21,7 @@ n epsilon   10, 100, 1e3, 1e4, 1e5, 1e6, 1e7 as (n, epsilon) = (1e3, 0.01), (1e3
             (1e4, 1), (1e4, 10), (1e5, 10), (1e5, 100): n stops at 1e5 to keep the run affordable,
             so the two largest sizes use a large epsilon
 mechanism   ``joint_exp``, ``ind_exp``, ``approx_quantiles``, ``agg_tree``, ``histogram``,
-            ``agg_tree_8x3``, ``agg_tree_8x4`` (their defaults, add/remove neighbours,
+            ``agg_tree_8x3``, ``agg_tree_8x4``, ``agg_tree_12x3`` (their defaults, add/remove neighbours,
             ``granularity`` passed when the data has one)
 
 Each repetition draws a fresh dataset (seed = repetition) and one release per mechanism (seeded
@@ -58,7 +58,7 @@ from dpq_spark.core.quantiles._pure import get_base_mechanism  # noqa: E402
 from dpq_spark.core.quantiles.choose import choose_mechanism, grid_points  # noqa: E402
 
 MECHANISMS = ("joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram",
-              "agg_tree_8x3", "agg_tree_8x4")
+              "agg_tree_8x3", "agg_tree_8x4", "agg_tree_12x3")  # appended: earlier seeds unchanged
 MS = (1, 3, 9, 29, 99, 199)
 REPS = {1: 80, 3: 60, 9: 40, 29: 24, 99: 12, 199: 8}
 SIZES = ((1_000, 0.01), (1_000, 0.1), (1_000, 1.0), (10_000, 1.0), (10_000, 10.0),
