@@ -7,21 +7,22 @@ quantiles), ``n`` (the row count: public under swap neighbours; under add/remove
 ``n_hint``, or else a noisy count bought with ``count_share * epsilon``) and, when both bounds are
 given, the public grid: its step ``granularity`` (declared by the caller) and ``G``, its number of
 points between the bounds (:func:`grid_points`). With ``s = n * epsilon``, bands of ``m``
-``1 | 2-5 | 6-16 | 17-49 | 50-53 | 54+`` and of ``s`` cut at 25 and at quarter decades (316,
-1778, 3162, 10**4.75, 10**6.5; and 12,000 for the 12**3 tree):
+``1 | 2-49 | 50-53 | 54+`` and of ``s`` cut at 25 and at quarter decades (562 = 10**2.75, 1778,
+3162, 10**4.75, 10**6.5; and 12,000 for the 12**3 tree), and ``M(s) = 16 (s / 1000) ** 0.6``
+between 2 and 16 (2 up to ``s = 31``, 4.0 at 100, 8.0 at 316, 11.3 at 562, 16 from 1000):
 
-=========================  ======  ==========  ==========  ==========  =========  =========
-no declared grid           m = 1   m 2-5       m 6-16      m 17-49     m 50-53    m >= 54
-=========================  ======  ==========  ==========  ==========  =========  =========
-s < 25                     IndExp  histogram   histogram   histogram   histogram  histogram
-25 <= s < 316              IndExp  first rule  first rule  first rule  8x3        8x3
-316 <= s < 1778            IndExp  JointExp    JointExp    JointExp    8x3        8x3
-1778 <= s < 3162           IndExp  JointExp    JointExp    JointExp    12x3       12x3
-3162 <= s < 12000          IndExp  JointExp    JointExp    AQ          AQ         12x3
-12000 <= s < 10**4.75      IndExp  JointExp    JointExp    AQ          AQ         8x4
-10**4.75 <= s < 10**6.5    IndExp  JointExp    JointExp    AQ          AQ         AggTree
-s >= 10**6.5               IndExp  JointExp    JointExp    AQ          AQ         AQ
-=========================  ======  ==========  ==========  ==========  =========  =========
+=======================  ======  ================================  =========  =========
+no declared grid         m = 1   m 2-49                            m 50-53    m >= 54
+=======================  ======  ================================  =========  =========
+s < 25                   IndExp  histogram                         histogram  histogram
+25 <= s < 562            IndExp  JointExp if m <= M(s), else 8x3   8x3        8x3
+562 <= s < 1778          IndExp  JointExp if m <= M(s), else 12x3  8x3        8x3
+1778 <= s < 3162         IndExp  JointExp (m <= 16), else 12x3     12x3       12x3
+3162 <= s < 12000        IndExp  JointExp (m <= 16), else AQ       AQ         12x3
+12000 <= s < 10**4.75    IndExp  JointExp (m <= 16), else AQ       AQ         8x4
+10**4.75 <= s < 10**6.5  IndExp  JointExp (m <= 16), else AQ       AQ         AggTree
+s >= 10**6.5             IndExp  JointExp (m <= 16), else AQ       AQ         AQ
+=======================  ======  ================================  =========  =========
 
 A declared grid (``granularity`` given) of ``G <= TYPED_GRID_MAX = 16**4`` points (AggTree's
 default leaves then hold at most one grid point each; integers, dates, decimals) has its own rule:
@@ -45,13 +46,15 @@ error from ``s`` = 5,623 to 13,335) stops paying for its loss on bounds 200 stan
 wide, where its leaves are too wide (1.07-1.25x at ``s = 1e4``, 1.26-1.40x at 13,335). For
 50 <= m <= 53 the sized trees only tie ApproxQuantiles from ``s = 10**3.5``, so they stop there.
 
-(AQ = ApproxQuantiles; histogram = 16 bins; first rule: see below.) A larger declared grid, or
-none, gets the first table; so do callers that pass no grid (bounds missing: the grid is only
-known after the private bounds). The first rule, kept for ``25 <= s < 316`` on continuous
-columns: JointExp for ``m <= M1 = 35 (s / 1000) ** 0.4``, ApproxQuantiles for
-``m <= M2 = 55 (s / 1000) ** 0.4``, AggTree beyond (``M1``, ``M2`` at least 2), fitted to ``docs/evaluation.md``'s tables at ``n = 1000``,
-``epsilon = 1`` (missed points; ``benchmarks/results/accuracy_trials.csv``) and to
-``benchmarks/choosing_parameters.py --part crossover``.
+(AQ = ApproxQuantiles; histogram = 16 bins.) A larger declared grid, or none, gets the first
+table; so do callers that pass no grid (bounds missing: the grid is only known after the private
+bounds). Below ``s = 3162`` and for fewer than 50 quantiles, ``M(s)`` is where JointExp hands over
+to a sized tree: with m large for the rows, JointExp's draw spreads over the empty parts of the
+bounds (tens of times the best error with bounds 200 standard deviations wide), while a small
+tree's noise does not grow with m. ``benchmarks/choosing_few_rows.py`` (3 December 2026) measures
+the choice on eleven data settings (N(0, 5), lognormal and uniform data with bounds 2 to 200
+standard deviations wide, and two Goodreads columns) at 27 (m, s) cases; the rule's pick has the
+smallest or nearly the smallest worst ratio to the best over the settings in each.
 
 Where the tables come from: ``benchmarks/choosing_auto_grid.py`` (2 December 2026, continuous
 rows again on 3 December with the 12**3 tree; the errors in
@@ -60,18 +63,17 @@ rows again on 3 December with the 12**3 tree; the errors in
 100), add/remove, bounds given, mean absolute error against the true quantiles over 8-80 seeded
 repetitions (half of them for G = 10,001), for N(0, 5) in +-100 (no grid), two-decimal ratings in
 [0, 5] (G = 501), integers in [0, 100] (G = 101) and in [0, 1e4] (G = 10,001). Each cell is the
-mechanism with the smallest worst ratio to the best over the measured cases of its band. On 153 of
-the 168 cases auto's error is within 1.15x of the best explicit mechanism's; of the other 15, 10
+mechanism with the smallest worst ratio to the best over the measured cases of its band. On 154 of
+the 168 cases auto's error is within 1.15x of the best explicit mechanism's; of the other 14, 11
 are within two standard errors of it (errors of one grid step in a few releases, or a close
-runner-up) and 5 are not: continuous columns at ``s = 10`` with m = 1 (2.2x; the histogram is
-best) and at ``s = 100`` with m = 9, 29 (6.4x, 2.7x; the 8**3 tree and the histogram), where the
-first rule and the ``size < 25`` threshold are kept: bounds 13x wider than the data's spread
-favour the coarse trees there, the earlier measurements with tighter bounds (below) did not,
-and the batched and Spark paths' tests of small groups are built on these choices; continuous
-columns at m = 3, ``s = 1000`` (1.40x: ApproxQuantiles is best), where JointExp is kept (the Spark
-path runs it on exact grid indices, ApproxQuantiles on coarse cells, and its exactness tests pin
-it there); and integers in [0, 100] at m = 3, ``s = 100`` (1.28x: ApproxQuantiles is best there
-but 1.33x on the decimals).
+runner-up) and 3 are not: continuous columns at ``s = 10`` with m = 1 (2.2x; the histogram is
+best), where the ``size < 25`` threshold is kept: bounds 13x wider than the data's spread favour
+the coarse histogram there, the earlier measurements with tighter bounds (below) did not, and the
+batched and Spark paths' tests of small groups are built on these choices; continuous columns at
+m = 3, ``s = 1000`` (1.40x: ApproxQuantiles is best), where JointExp is kept (the Spark path runs
+it on exact grid indices, ApproxQuantiles on coarse cells, and its exactness tests pin it there);
+and integers in [0, 100] at m = 3, ``s = 100`` (1.28x: ApproxQuantiles is best there but 1.33x on
+the decimals).
 The rule is a fitted summary of these measurements, not a theorem; it is public, so using it
 costs no privacy, and it never reads the values.
 
@@ -117,8 +119,10 @@ TYPED_GRID_MAX = 16**4
 # measured m = 3 | 9, 9 | 29, 29 | 99), from the grid of benchmarks/choosing_auto_grid.py.
 _S2, _S3, _S6 = 10**2.5, 10**3.5, 10**6.5
 _FEW, _SOME, _MANY = 5, 16, 53
-# The first rule's crossovers (JointExp up to M1, ApproxQuantiles up to M2), used below _S2.
-_M1, _M2, _POWER, _REF = 35.0, 55.0, 0.4, 1000.0
+# Fewer than 50 quantiles below n * epsilon = _S3: JointExp up to m = _JE_M (s / _REF) ** _JE_POWER
+# (at least 2, at most _SOME), beyond it the 8**3 tree below _S_FEW12 and the 12**3 tree above
+# (benchmarks/choosing_few_rows.py).
+_JE_M, _JE_POWER, _REF, _S_FEW12 = 16.0, 0.6, 1000.0, 10**2.75
 # Many quantiles (m >= _TREES_FROM) without a declared grid: AggTree on 8**3 leaves below
 # n * epsilon = _S_TREE3, on 12**3 leaves below _S_TREE12, on 8**4 leaves below _S_TREE4
 # (benchmarks/bench_many_quantiles.py).
@@ -146,19 +150,23 @@ def _continuous(m: int, size: float) -> str:
     if size < TINY_SIZE:
         return "histogram"
     if m >= _TREES_FROM and size < (_S_TREE4 if m > _MANY else _S3):  # the sized trees (notes)
-        if size < _S_TREE3:
-            return "agg_tree_8x3"
-        return "agg_tree_12x3" if size < _S_TREE12 else "agg_tree_8x4"
-    if size < _S2:  # the first rule (module notes), kept below n * epsilon = 316
-        factor = (max(size, 1.0) / _REF) ** _POWER
-        if m <= max(2.0, _M1 * factor):
+        return _sized_tree(size)
+    if size < _S3 and m < _TREES_FROM:  # JointExp while m is small for the rows, then a sized tree
+        if m <= max(2.0, min(float(_SOME), _JE_M * (size / _REF) ** _JE_POWER)):
             return "joint_exp"
-        return "approx_quantiles" if m <= max(2.0, _M2 * factor) else "agg_tree"
+        return "agg_tree_8x3" if size < _S_FEW12 else "agg_tree_12x3"
     if m <= _SOME:
         return "joint_exp"
     if m <= _MANY:
-        return "joint_exp" if size < _S3 else "approx_quantiles"
+        return "approx_quantiles"
     return "agg_tree" if size < _S6 else "approx_quantiles"
+
+
+def _sized_tree(size: float) -> str:
+    """The sized tree of the band of ``size = n * epsilon`` (below ``_S_TREE4``)."""
+    if size < _S_TREE3:
+        return "agg_tree_8x3"
+    return "agg_tree_12x3" if size < _S_TREE12 else "agg_tree_8x4"
 
 
 def _typed(m: int, size: float) -> str:

@@ -61,15 +61,16 @@ def test_grid_points():
 
 # --------------------------------------------------------------------------- the rule
 def test_rule_without_a_declared_grid():
-    """The measured table (benchmarks/choosing_auto_grid.py, continuous N(0, 5), bounds +-100);
-    below n * epsilon = 316 the first rule (histogram below 25, then its power law)."""
+    """The measured tables (benchmarks/choosing_auto_grid.py, continuous N(0, 5), bounds +-100;
+    benchmarks/choosing_few_rows.py below n * epsilon = 10**3.5: JointExp up to
+    m = 16 (s / 1000) ** 0.6, between 2 and 16, a sized tree beyond)."""
     assert {_plain(1, s) for s in (10, 100, 1e3, 1e7)} == {"ind_exp"}
     assert {_plain(m, 10) for m in (3, 9, 29, 99, 199)} == {"histogram"}
-    assert _plain(3, 100) == _plain(9, 100) == "joint_exp"
-    assert _plain(29, 100) == "agg_tree" and _plain(99, 100) == "agg_tree_8x3"
+    assert _plain(3, 100) == "joint_exp" and _plain(9, 100) == "agg_tree_8x3"
+    assert _plain(29, 100) == _plain(99, 100) == "agg_tree_8x3"
     assert {_plain(3, s) for s in (1e3, 1e4, 1e7)} == {"joint_exp"}
     assert {_plain(9, s) for s in (1e3, 1e4, 1e5, 1e6, 1e7)} == {"joint_exp"}
-    assert _plain(29, 1000) == "joint_exp"
+    assert _plain(29, 1000) == _plain(29, 3162) == "agg_tree_12x3" and _plain(16, 3162) == "joint_exp"
     assert {_plain(29, s) for s in (1e4, 1e5, 1e6, 1e7)} == {"approx_quantiles"}
     assert {_plain(m, 1e3) for m in (99, 199)} == {"agg_tree_8x3"}
     assert {_plain(m, 1e4) for m in (99, 199)} == {"agg_tree_12x3"}
@@ -77,8 +78,11 @@ def test_rule_without_a_declared_grid():
     assert _plain(99, 1e7) == _plain(199, 1e7) == "approx_quantiles"
     # the band edges: 25 and half decades of n * epsilon, m = 16 | 17, 53 | 54
     assert _plain(2, 24.9) == "histogram" and _plain(2, 25) == "joint_exp"
-    assert _plain(40, 316) == "agg_tree" and _plain(40, 317) == "joint_exp"
-    assert _plain(49, 3162) == "joint_exp" and _plain(49, 3163) == "approx_quantiles"
+    assert _plain(4, 100) == "joint_exp" and _plain(5, 100) == "agg_tree_8x3"
+    assert _plain(2, 25) == "joint_exp" and _plain(3, 25) == "agg_tree_8x3"
+    assert _plain(16, 1000) == "joint_exp" and _plain(17, 1000) == "agg_tree_12x3"
+    assert _plain(29, 562) == "agg_tree_8x3" and _plain(29, 563) == "agg_tree_12x3"
+    assert _plain(49, 3162) == "agg_tree_12x3" and _plain(49, 3163) == "approx_quantiles"
     assert _plain(16, 1e5) == "joint_exp" and _plain(17, 1e5) == "approx_quantiles"
     assert _plain(53, 1e5) == "approx_quantiles" and _plain(54, 1e5) == "agg_tree"
     # the sized trees (m >= 50): 8**3 leaves from 25 to 10**3.25, 12**3 up to 12,000, 8**4 up
@@ -108,11 +112,11 @@ def test_rule_on_a_typed_grid():
 
 def test_rule_needs_both_grid_arguments_and_a_small_grid():
     # deciles at n epsilon = 1e3 on the declared grid, 29 quantiles at 1e3
-    assert _plain(29, 1e3) == "joint_exp" and _typed(29, 1e3) == "histogram"
-    assert choose_mechanism(29, n=1e3, epsilon=1.0, grid_size=501) == "joint_exp"        # no step
-    assert choose_mechanism(29, n=1e3, epsilon=1.0, granularity=0.01) == "joint_exp"     # no G
+    assert _plain(29, 1e3) == "agg_tree_12x3" and _typed(29, 1e3) == "histogram"
+    assert choose_mechanism(29, n=1e3, epsilon=1.0, grid_size=501) == "agg_tree_12x3"        # no step
+    assert choose_mechanism(29, n=1e3, epsilon=1.0, granularity=0.01) == "agg_tree_12x3"     # no G
     assert _typed(29, 1e3, TYPED_GRID_MAX) == "histogram"
-    assert _typed(29, 1e3, TYPED_GRID_MAX + 1) == "joint_exp"
+    assert _typed(29, 1e3, TYPED_GRID_MAX + 1) == "agg_tree_12x3"
     assert _typed(29, 1e3, 2**32 + 1) == _plain(29, 1e3)
 
 
@@ -148,7 +152,7 @@ def test_auto_choice_reads_no_data():
     q = np.arange(1, 30) / 30
     # without the granularity the same data get the other rule's pick
     assert {auto(x, q, epsilon=1.0, lower=0, upper=100, neighboring="swap", rng=gen).mechanism
-            for x in sets} == {"joint_exp"}
+            for x in sets} == {"agg_tree_12x3"}
 
 
 def _auto_then_recipe(x, q, eps, rng, share):
@@ -191,4 +195,4 @@ def test_plan_auto_passes_the_grid():
                                    grid_size=501, granularity=0.01)
     assert (name, rest, n_used) == ("histogram", 1.0, 1000.0)
     name, _, _ = plan_auto(29, 1000, epsilon=1.0, neighboring="swap", source=source)
-    assert name == "joint_exp"
+    assert name == "agg_tree_12x3"

@@ -109,9 +109,10 @@ def _per_group_cells(k, counts, bounds, members, slow, q, c, size):
 def test_release_many_draws_what_the_per_group_cells_draw(monkeypatch, G, rows, ties):
     """Seed for seed: release_many with the flat cells and bands gives the same releases as
     with each group's own _grid_cells and _bands (the same draws in the same order), at the
-    sizes of 1e5 groups of 100 rows and 1e4 of 1,000 (one partition's batch, scaled down)."""
+    sizes of 1e5 groups of 100 rows and 1e4 of 1,000 (one partition's batch, scaled down). JointExp
+    by name: at 100 rows ``auto`` runs the 8**3 tree for deciles."""
     groups = _normal_groups(G, rows, seed=G + rows, ties=ties)
-    kwargs = dict(epsilon=1.0, lower=LOWER, upper=UPPER, mechanism="auto", grid_indices=True,
+    kwargs = dict(epsilon=1.0, lower=LOWER, upper=UPPER, mechanism="joint_exp", grid_indices=True,
                   coarse_cells=True)
     flat = release_many(groups, DECILES, rng=np.random.default_rng(7), **kwargs)
     monkeypatch.setattr(B, "_slow_cells", _per_group_cells)

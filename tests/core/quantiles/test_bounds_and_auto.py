@@ -54,7 +54,9 @@ def test_rule_follows_the_evaluation_tables():
     # n * epsilon = 1000, the setting of docs/evaluation.md, as measured again by
     # benchmarks/choosing_auto_grid.py (the whole table: test_auto_grid.py)
     assert choose_mechanism(1, n=1000, epsilon=1.0) == "ind_exp"
-    assert {choose_mechanism(m, n=1000, epsilon=1.0) for m in range(2, 50)} == {"joint_exp"}
+    assert {choose_mechanism(m, n=1000, epsilon=1.0) for m in range(2, 17)} == {"joint_exp"}
+    # beyond m = 16 (s / 1000) ** 0.6 (at most 16) a sized tree (benchmarks/choosing_few_rows.py)
+    assert {choose_mechanism(m, n=1000, epsilon=1.0) for m in range(17, 50)} == {"agg_tree_12x3"}
     # many quantiles: AggTree on a tree sized for the budget (benchmarks/bench_many_quantiles.py)
     assert {choose_mechanism(m, n=1000, epsilon=1.0) for m in (50, 60, 99)} == {"agg_tree_8x3"}
     # below n * epsilon = 316 the first rule: JointExp hands over early
@@ -151,7 +153,7 @@ def _auto_names(n_rows, epsilon, runs, seed):
     # 5 quantiles of n_rows points; under add/remove the choice reads a noisy count only
     x = np.linspace(1.0, 9.0, n_rows)
     rng = np.random.default_rng(seed)
-    names = ("histogram", "agg_tree", "approx_quantiles", "joint_exp")
+    names = ("histogram", "agg_tree", "approx_quantiles", "joint_exp", "agg_tree_8x3")
     hits = np.zeros(len(names), dtype=np.int64)
     for _ in range(runs):
         r = auto(x, [0.1, 0.3, 0.5, 0.7, 0.9], epsilon=epsilon, lower=0.0, upper=10.0,
@@ -164,13 +166,13 @@ def test_auto_choice_costs_only_the_count_share_and_catches_double_spending():
     # The released mechanism name is a function of the noisy count alone, so between neighbours
     # (25 rows, and one row added) its log-ratio must stay within count_share * epsilon. With
     # count_share = 0.5 at epsilon = 2 (1 for the count), the choice switches from the
-    # histogram to joint_exp at a noisy count of 25 (n * epsilon reaches 25), in the geometric
+    # histogram to agg_tree_8x3 at a noisy count of 25 (n * epsilon reaches 25), in the geometric
     # tail of both neighbours' noise, where the ratio is exactly e^1: the bound is tight. An
     # auto that spends epsilon twice (run at 2 epsilon: count noise for 2) shows e^2 at its own
     # switch (noisy count 13 with epsilon 2 left for the quantiles) and must fail the same check.
-    assert choose_mechanism(5, n=25, epsilon=1.0) == "joint_exp"
+    assert choose_mechanism(5, n=25, epsilon=1.0) == "agg_tree_8x3"
     assert choose_mechanism(5, n=24, epsilon=1.0) == "histogram"
-    assert choose_mechanism(5, n=13, epsilon=2.0) == "joint_exp"
+    assert choose_mechanism(5, n=13, epsilon=2.0) == "agg_tree_8x3"
     assert choose_mechanism(5, n=12, epsilon=2.0) == "histogram"
     runs = 4000
     share_eps = 0.5 * 2.0
