@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from dpq_spark.core.quantiles.batch import release_many  # noqa: E402
 
-MECHANISMS = ("auto", "agg_tree", "approx_quantiles", "joint_exp", "ind_exp")
+MECHANISMS = ("auto", "histogram", "agg_tree_8x3", "agg_tree", "approx_quantiles", "joint_exp", "ind_exp")
 LOWER, UPPER = -50.0, 50.0
 QUANTILES = tuple(np.arange(1, 10) / 10)
 
@@ -45,8 +45,11 @@ def _groups(count: int, size: int, seed: int):
 
 
 def _per_group(groups, mechanism: str) -> float:
+    from dpq_spark.core.randomness.grid import Grid
     from dpq_spark.spark._release import ReleaseParams, release_values
 
+    grid = Grid(LOWER, UPPER)  # the packed loop receives grid indices, not values
+    groups = [(grid.snap(values), counts) for values, counts in groups]
     params = ReleaseParams(keys=(), quantiles=QUANTILES, epsilon=1.0, lower=LOWER, upper=UPPER,
                            resolution=2**20, neighboring="add_remove", mechanism=mechanism)
     start = time.perf_counter()
