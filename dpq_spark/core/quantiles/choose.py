@@ -154,7 +154,7 @@ def _continuous(m: int, size: float) -> str:
     if size < _S3 and m < _TREES_FROM:  # JointExp while m is small for the rows, then a sized tree
         if m <= max(2.0, min(float(_SOME), _JE_M * (size / _REF) ** _JE_POWER)):
             return "joint_exp"
-        return "agg_tree_8x3" if size < _S_FEW12 else "agg_tree_12x3"
+        return _sized_tree(size, small_until=_S_FEW12)
     if m <= _SOME:
         return "joint_exp"
     if m <= _MANY:
@@ -162,9 +162,10 @@ def _continuous(m: int, size: float) -> str:
     return "agg_tree" if size < _S6 else "approx_quantiles"
 
 
-def _sized_tree(size: float) -> str:
-    """The sized tree of the band of ``size = n * epsilon`` (below ``_S_TREE4``)."""
-    if size < _S_TREE3:
+def _sized_tree(size: float, small_until: float = _S_TREE3) -> str:
+    """The sized tree of the band of ``size = n * epsilon`` (below ``_S_TREE4``): 8**3 leaves below
+    ``small_until``, then 12**3 below ``_S_TREE12``, then 8**4."""
+    if size < small_until:
         return "agg_tree_8x3"
     return "agg_tree_12x3" if size < _S_TREE12 else "agg_tree_8x4"
 
