@@ -49,6 +49,9 @@ sys.path.insert(0, str(ROOT))
 from dpq_spark.core.quantiles._pure import get_base_mechanism  # noqa: E402
 from dpq_spark.core.quantiles.choose import choose_mechanism  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from experiments import load_goodreads  # noqa: E402  (the Goodreads columns as the evaluation reads them)
+
 NAMES = ("joint_exp", "approx_quantiles", "agg_tree", "histogram", "agg_tree_8x3", "agg_tree_12x3")
 SHORT = ("JE", "AQ", "16^4", "hist", "8^3", "12^3")
 #: (m, s) cases: around the JointExp / tree hand-over at each s
@@ -63,11 +66,7 @@ _POOLS: dict[str, np.ndarray] = {}
 
 def pools() -> dict[str, np.ndarray]:
     if not _POOLS:
-        import pandas as pd
-
-        frame = pd.read_csv(ROOT / "data" / "goodreads_books.csv", on_bad_lines="skip")
-        _POOLS["ratings"] = pd.to_numeric(frame["average_rating"], errors="coerce").dropna().to_numpy(np.float64)
-        _POOLS["pages"] = pd.to_numeric(frame["  num_pages"], errors="coerce").dropna().to_numpy(np.float64) / 100.0
+        _POOLS.update(load_goodreads())
     return _POOLS
 
 
