@@ -175,7 +175,8 @@ def dp_quantiles(
         ``"auto"`` picks per group from public numbers only (``m``, the group's epsilon and its
         row count: public under swap, else a noisy count with 5% of the group's epsilon;
         :mod:`dpq_spark.core.quantiles.choose`): IndExp for one quantile, the 16-bin histogram when
-        ``n epsilon < 25``, JointExp up to about 35 quantiles at ``n epsilon = 1000``, then
+        ``n epsilon < 25``, JointExp up to ``16 (n epsilon / 1000) ** 0.6`` quantiles (between 2
+        and 16; more quantiles at ``n epsilon < 3162`` get AggTree on a small tree), then
         ApproxQuantiles, then AggTree (for 50 quantiles or more at moderate ``n epsilon``, on a
         smaller tree). Or a pure mechanism by name: ``"joint_exp"``, ``"ind_exp"``,
         ``"approx_quantiles"``, ``"agg_tree"``, ``"histogram"``, ``"agg_tree_8x3"``,

@@ -6,7 +6,7 @@ every count grows with the height ``h``), and a quantile read from the tree sums
 ``(branching - 1) / 2`` noisy counts per level, so the rank error of a quantile grows like
 ``h**1.5 / epsilon``. When ``n * epsilon`` is moderate, the resolution of the deepest levels is
 far below that error: a shallower tree has less noise in every count and loses nothing that the
-noise had not already blurred. The two mechanisms here are AggTree itself (the same leaf counts,
+noise had not already blurred. The three mechanisms here are AggTree itself (the same leaf counts,
 exact discrete Laplace noise, Honaker aggregation, descent and grid rounding), with a fixed,
 smaller tree:
 
@@ -18,7 +18,9 @@ name               branching  height  leaves  ``auto`` runs it (m >= 54)
 ``agg_tree_8x4``   8          4       4,096   ``12,000 <= n * epsilon < 10**4.75``
 =================  =========  ======  ======  ==========================================
 
-(For 50 to 53 quantiles ``auto`` runs the first two only, up to ``10**3.5``.)
+(For 50 to 53 quantiles ``auto`` runs the first two only, up to ``10**3.5``. For fewer than 50
+quantiles below ``n * epsilon = 10**3.5`` it runs the 8**3 tree, or the 12**3 tree from
+``10**2.75``, once m is too large for JointExp: :mod:`~dpq_spark.core.quantiles.choose`.)
 
 The shape is part of the name, so a mechanism name alone says what runs (the Spark layer and the
 batched path look mechanisms up by name). The measurements behind the shapes and the bands are
