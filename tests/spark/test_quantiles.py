@@ -26,9 +26,9 @@ def exact(values, quantiles=Q):
     return np.quantile(np.asarray(values, dtype=float), quantiles, method="inverted_cdf")
 
 
-def expected_frame(spark, rows, key_cols, schema_keys, mechanism="joint_exp"):
+def expected_frame(spark, rows, key_cols, schema_keys, mechanism="approx_quantiles"):
     """Expected release; ``mechanism`` is the name the ``mechanism`` column must hold (for
-    ``"auto"`` with m = 3 quantiles and a huge epsilon, JointExp)."""
+    ``"auto"`` with m = 3 quantiles and a huge epsilon, ApproxQuantiles)."""
     cols = [*key_cols, "quantile", "value", "mechanism"]
     ddl = ", ".join([*schema_keys, "quantile double", "value double", "mechanism string"])
     rows = [(*row, mechanism) for row in rows]

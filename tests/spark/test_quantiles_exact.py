@@ -242,11 +242,12 @@ def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_
     want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0,
                                         rng=np.random.default_rng([base, 0])))
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
-    # a small global group keeps every cell: then it is the core on the raw values
-    small = grouped_data()["one_cell"]
-    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": small})), "x", quantiles=Q,
+    # a small global group keeps every cell: then auto's JointExp (4 quantiles at s = 1,000) is
+    # the core on the raw values
+    small, q4 = grouped_data()["one_cell"], [0.1, 0.3, 0.7, 0.9]
+    out = dp_quantiles(spark.createDataFrame(pd.DataFrame({"x": small})), "x", quantiles=q4,
                        epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng(3)).toPandas()
-    want = auto(small, Q, epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng([base, 0]))
+    want = auto(small, q4, epsilon=1.0, lower=A, upper=B, rng=np.random.default_rng([base, 0]))
     assert out["mechanism"].iloc[0] == want.mechanism == "joint_exp"
     np.testing.assert_array_equal(out["value"].to_numpy(), np.asarray(want))
 

@@ -312,7 +312,7 @@ def _fold_release(fold, params):
 def test_unseeded_fold_releases_groups_in_batches_with_the_per_group_data(monkeypatch, mechanism):
     """Without a seed (production) the fold hands its groups to release_many. At a huge epsilon
     every mechanism puts each output in the one gap (or point) of its data whose rank fits, so
-    the batch path must give JointExp/IndExp (and auto, which picks JointExp here) the exact grid
+    the batch path must give JointExp/IndExp (and auto, which picks JointExp for 4 quantiles) the exact grid
     indices and ApproxQuantiles/AggTree the coarse cells, exactly as the seeded per-group path
     (release_fine): the outputs' positions among the data each mechanism sees must agree."""
     gen = np.random.default_rng(4)
@@ -322,7 +322,7 @@ def test_unseeded_fold_releases_groups_in_batches_with_the_per_group_data(monkey
     real = _release.release_many
     monkeypatch.setattr(_release, "release_many",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    q = (0.1, 0.5, 0.9)
+    q = (0.1, 0.3, 0.7, 0.9)
     batch = _fold_release(_fold_of(groups), _params(epsilon=1e9, quantiles=q, mechanism=mechanism))
     assert calls, "the unseeded fold did not use release_many"
     per_group = _fold_release(_fold_of(groups), _params(epsilon=1e9, quantiles=q,

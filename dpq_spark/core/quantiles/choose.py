@@ -24,18 +24,28 @@ s < 25                   IndExp  histogram                         histogram  hi
 s >= 10**6.5             IndExp  JointExp (m <= 16), else AQ       AQ         AQ
 =======================  ======  ================================  =========  =========
 
+with two exceptions for few quantiles (``benchmarks/choosing_small_m.py``): one quantile below
+``s = 10**1.25`` (17.8) takes the histogram, and 3, 7 or 15 quantiles (``m + 1`` a power of two,
+where ApproxQuantiles' tree of medians is balanced) take ApproxQuantiles from ``s`` = 316, 1000
+and 1778 respectively.
+
 A declared grid (``granularity`` given) of ``G <= TYPED_GRID_MAX = 16**4`` points (AggTree's
 default leaves then hold at most one grid point each; integers, dates, decimals) has its own rule:
 
-===================  =====  =========  =========  =========  =========
-typed grid           m = 1  m 2-5      m 6-16     m 17-53    m >= 54
-===================  =====  =========  =========  =========  =========
-s < 25               AQ     histogram  histogram  histogram  histogram
-25 <= s < 316        AQ     JointExp   histogram  histogram  histogram
-316 <= s < 3162      AQ     AQ         JointExp   histogram  histogram
-3162 <= s < 10**6.5  AQ     AQ         JointExp   AQ         AggTree
-s >= 10**6.5         AQ     AQ         AggTree    AggTree    AggTree
-===================  =====  =========  =========  =========  =========
+===================  =====  =========  =========  =========  =========  =========
+typed grid           m = 1  m = 3      m 2, 4-5   m 6-16     m 17-53    m >= 54
+===================  =====  =========  =========  =========  =========  =========
+s < 25 m             AQ     histogram  histogram  histogram  histogram  histogram
+25 m <= s < 316      AQ     JointExp   JointExp   histogram  histogram  histogram
+316 <= s < 3162      AQ     AQ         JointExp   JointExp   histogram  histogram
+3162 <= s < 10**6.5  AQ     AQ         JointExp   JointExp   AQ         AggTree
+s >= 10**6.5         AQ     AQ         AggTree    AggTree    AggTree    AggTree
+===================  =====  =========  =========  =========  =========  =========
+
+(the first line's ``25 m`` is 25 for ``m >= 6``). The histogram wins on integers while a few
+quantiles have fewer than about 25 rows' worth of budget each, and JointExp, which lands on the
+exact grid points, beats ApproxQuantiles from ``s = 316`` except at m = 3, where ApproxQuantiles'
+tree of medians is balanced (``benchmarks/choosing_small_m.py``).
 
 8x3, 12x3 and 8x4 are ``agg_tree_8x3``, ``agg_tree_12x3`` and ``agg_tree_8x4``, AggTree on 8**3,
 12**3 and 8**4 leaves (:mod:`~dpq_spark.core.quantiles.sized_tree`; 1778 is ``10**3.25``;
@@ -57,23 +67,20 @@ standard deviations wide, and two Goodreads columns) at 27 (m, s) cases; the rul
 smallest or nearly the smallest worst ratio to the best over the settings in each.
 
 Where the tables come from: ``benchmarks/choosing_auto_grid.py`` (2 December 2026, continuous
-rows again on 3 December with the 12**3 tree; the errors in
-``benchmarks/results/choosing_auto_grid_errors.csv``, auto's ratio to the best per case in
-``..._ratios.csv``): m in {1, 3, 9, 29, 99, 199}, s in {10, ..., 1e7} (n up to 1e5, epsilon up to
-100), add/remove, bounds given, mean absolute error against the true quantiles over 8-80 seeded
-repetitions (half of them for G = 10,001), for N(0, 5) in +-100 (no grid), two-decimal ratings in
-[0, 5] (G = 501), integers in [0, 100] (G = 101) and in [0, 1e4] (G = 10,001). Each cell is the
-mechanism with the smallest worst ratio to the best over the measured cases of its band. On 154 of
-the 168 cases auto's error is within 1.15x of the best explicit mechanism's; of the other 14, 11
-are within two standard errors of it (errors of one grid step in a few releases, or a close
-runner-up) and 3 are not: continuous columns at ``s = 10`` with m = 1 (2.2x; the histogram is
-best), where the ``size < 25`` threshold is kept: bounds 13x wider than the data's spread favour
-the coarse histogram there, the earlier measurements with tighter bounds (below) did not, and the
-batched and Spark paths' tests of small groups are built on these choices; continuous columns at
-m = 3, ``s = 1000`` (1.40x: ApproxQuantiles is best), where JointExp is kept (the Spark path runs
-it on exact grid indices, ApproxQuantiles on coarse cells, and its exactness tests pin it there);
-and integers in [0, 100] at m = 3, ``s = 100`` (1.28x: ApproxQuantiles is best there but 1.33x on
-the decimals).
+rows again on 3 December with the 12**3 tree and continuous m = 3 on 4 December with four times
+the repetitions; the errors in ``benchmarks/results/choosing_auto_grid_errors.csv``, auto's ratio
+to the best per case in ``..._ratios.csv``): m in {1, 3, 9, 29, 99, 199}, s in {10, ..., 1e7}
+(n up to 1e5, epsilon up to 100), add/remove, bounds given, mean absolute error against the true
+quantiles over 8-240 seeded repetitions (half of them for G = 10,001), for N(0, 5) in +-100 (no
+grid), two-decimal ratings in [0, 5] (G = 501), integers in [0, 100] (G = 101) and in [0, 1e4]
+(G = 10,001). Each cell is the mechanism with the smallest worst ratio to the best over the
+measured cases of its band (``benchmarks/choosing_few_rows.py`` and
+``benchmarks/choosing_small_m.py`` add data settings where the grid's one setting per kind is not
+enough to choose). On 156 of the 168 cases auto's error is within 1.15x of the best explicit
+mechanism's; of the other 12, 11 are within two standard errors of it (errors of one grid step
+in a few releases, or a close runner-up) and 1 is not: integers in [0, 100] at m = 3,
+``s = 100`` (1.28x: ApproxQuantiles is best there but 1.33x on the decimals, and no mechanism is
+within 1.15x on all three typed columns).
 The rule is a fitted summary of these measurements, not a theorem; it is public, so using it
 costs no privacy, and it never reads the values.
 
@@ -127,6 +134,12 @@ _JE_M, _JE_POWER, _REF, _S_FEW12 = 16.0, 0.6, 1000.0, 10**2.75
 # n * epsilon = _S_TREE3, on 12**3 leaves below _S_TREE12, on 8**4 leaves below _S_TREE4
 # (benchmarks/bench_many_quantiles.py).
 _TREES_FROM, _S_TREE3, _S_TREE12, _S_TREE4 = 50, 10**3.25, 12_000, 10**4.75
+# Small m (benchmarks/choosing_small_m.py): one quantile without a declared grid takes the
+# histogram below n * epsilon = _S_ONE_TINY; 3, 7 and 15 quantiles (m + 1 a power of two)
+# ApproxQuantiles from _BALANCED[m]; on a typed grid, 2 to _FEW quantiles take the histogram
+# below _HIST_PER_Q * m.
+_S_ONE_TINY, _HIST_PER_Q = 10**1.25, 25.0
+_BALANCED = {3: _S2, 7: _REF, 15: _S_TREE3}
 
 
 def grid_points(lower, upper, granularity=None) -> int:
@@ -146,9 +159,11 @@ def grid_points(lower, upper, granularity=None) -> int:
 def _continuous(m: int, size: float) -> str:
     """The rule without a declared grid (floats, or the default grid of 2**32 steps)."""
     if m == 1:
-        return "ind_exp"
+        return "histogram" if size < _S_ONE_TINY else "ind_exp"
     if size < TINY_SIZE:
         return "histogram"
+    if size >= _BALANCED.get(m, math.inf):  # ApproxQuantiles' tree of medians is balanced
+        return "approx_quantiles"
     if m >= _TREES_FROM and size < (_S_TREE4 if m > _MANY else _S3):  # the sized trees (notes)
         return _sized_tree(size)
     if size < _S3 and m < _TREES_FROM:  # JointExp while m is small for the rows, then a sized tree
@@ -174,11 +189,11 @@ def _typed(m: int, size: float) -> str:
     """The rule on a declared grid of at most ``TYPED_GRID_MAX`` points (integers, decimals)."""
     if m == 1:
         return "approx_quantiles"
-    if size < TINY_SIZE:
+    if size < TINY_SIZE or (m <= _FEW and size < _HIST_PER_Q * m):
         return "histogram"
     if size < _S2:
         return "joint_exp" if m <= _FEW else "histogram"
-    if m <= _FEW:
+    if m == 3:
         return "approx_quantiles"
     if m <= _SOME:
         return "joint_exp" if size < _S6 else "agg_tree"

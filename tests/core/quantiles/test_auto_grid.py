@@ -63,12 +63,17 @@ def test_grid_points():
 def test_rule_without_a_declared_grid():
     """The measured tables (benchmarks/choosing_auto_grid.py, continuous N(0, 5), bounds +-100;
     benchmarks/choosing_few_rows.py below n * epsilon = 10**3.5: JointExp up to
-    m = 16 (s / 1000) ** 0.6, between 2 and 16, a sized tree beyond)."""
-    assert {_plain(1, s) for s in (10, 100, 1e3, 1e7)} == {"ind_exp"}
+    m = 16 (s / 1000) ** 0.6, between 2 and 16, a sized tree beyond; benchmarks/choosing_small_m.py
+    for one quantile below 10**1.25 and for m = 3, 7, 15 from 316, 1000, 1778)."""
+    assert {_plain(1, s) for s in (17.8, 100, 1e3, 1e7)} == {"ind_exp"}
+    assert {_plain(1, s) for s in (1, 10, 17.7)} == {"histogram"}
     assert {_plain(m, 10) for m in (3, 9, 29, 99, 199)} == {"histogram"}
     assert _plain(3, 100) == "joint_exp" and _plain(9, 100) == "agg_tree_8x3"
     assert _plain(29, 100) == _plain(99, 100) == "agg_tree_8x3"
-    assert {_plain(3, s) for s in (1e3, 1e4, 1e7)} == {"joint_exp"}
+    assert [_plain(3, 316), _plain(7, 999), _plain(15, 1778)] == ["joint_exp"] * 3
+    assert [_plain(3, 317), _plain(7, 1000), _plain(15, 1779)] == ["approx_quantiles"] * 3
+    assert {_plain(m, s) for m in (3, 7, 15) for s in (1e4, 1e7)} == {"approx_quantiles"}
+    assert {_plain(m, s) for m in (2, 4, 5, 6, 8, 14, 16) for s in (1e3, 1e4, 1e7)} == {"joint_exp"}
     assert {_plain(9, s) for s in (1e3, 1e4, 1e5, 1e6, 1e7)} == {"joint_exp"}
     assert _plain(29, 1000) == _plain(29, 3162) == "agg_tree_12x3" and _plain(16, 3162) == "joint_exp"
     assert {_plain(29, s) for s in (1e4, 1e5, 1e6, 1e7)} == {"approx_quantiles"}
@@ -101,6 +106,12 @@ def test_rule_on_a_typed_grid():
         assert {_typed(1, s, g) for s in (10, 1e3, 1e7)} == {"approx_quantiles"}
         assert {_typed(m, 10, g) for m in (3, 9, 29, 99, 199)} == {"histogram"}
         assert _typed(3, 100, g) == "joint_exp"
+        # 2 to 5 quantiles: the histogram below 25 * m, then JointExp, ApproxQuantiles for m = 3
+        assert [_typed(m, 25 * m - 0.1, g) for m in (2, 3, 4, 5)] == ["histogram"] * 4
+        assert [_typed(m, 25 * m, g) for m in (2, 3, 4, 5)] == ["joint_exp"] * 4
+        assert {_typed(m, s, g) for m in (2, 4, 5) for s in (317, 1e3, 1e4, 1e6)} == {"joint_exp"}
+        assert {_typed(m, 1e7, g) for m in (2, 4, 5)} == {"agg_tree"}
+        assert _typed(6, 100, g) == "histogram" and _typed(16, 317, g) == "joint_exp"
         assert {_typed(m, 100, g) for m in (9, 29, 99, 199)} == {"histogram"}
         assert {_typed(3, s, g) for s in (1e3, 1e4, 1e5, 1e7)} == {"approx_quantiles"}
         assert {_typed(9, s, g) for s in (1e3, 1e4, 1e5, 1e6)} == {"joint_exp"}
@@ -170,12 +181,13 @@ def _auto_then_recipe(x, q, eps, rng, share):
 def test_auto_accounting_is_unchanged_with_a_granularity(share):
     """Under add/remove without a hint, auto with ``granularity`` spends ``count_share`` of epsilon
     on the count and the rest on the mechanism, draw for draw; the recipe at another share
-    differs, so the comparison has power. Sizes straddle the rule's edges (n * epsilon 25, 316)."""
+    differs, so the comparison has power. Sizes straddle the rule's edges for quartiles (n * epsilon
+    25 * 3 = 75 and 316)."""
     gen = np.random.default_rng(0)
-    q = np.array([0.1, 0.3, 0.5, 0.7, 0.9])
+    q = np.array([0.25, 0.5, 0.75])
     names, mismatches = set(), 0
     for trial in range(30):
-        x = np.clip(np.round(gen.normal(40, 15, int(gen.choice([5, 20, 40, 300, 400])))), 0, 100)
+        x = np.clip(np.round(gen.normal(40, 15, int(gen.choice([5, 20, 40, 150, 400, 500])))), 0, 100)
         got = auto(x, q, epsilon=1.0, lower=0, upper=100, granularity=1,
                    rng=np.random.default_rng(trial))
         name, want = _auto_then_recipe(x, q, 1.0, np.random.default_rng(trial), share)
