@@ -33,12 +33,10 @@ per (m, s) the worst ratio of each mechanism over the eleven settings and ``auto
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +48,7 @@ from dpq_spark.core.quantiles._pure import get_base_mechanism  # noqa: E402
 from dpq_spark.core.quantiles.choose import choose_mechanism  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _minimax import finish, measure, parser  # noqa: E402
 from experiments import load_goodreads  # noqa: E402  (the Goodreads columns as the evaluation reads them)
 
 NAMES = ("joint_exp", "approx_quantiles", "agg_tree", "histogram", "agg_tree_8x3", "agg_tree_12x3")
@@ -125,13 +124,8 @@ def worst_from(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 repetitions of 4 cases, print only")
+    ap = parser(__doc__, ROOT / "benchmarks" / "results" / "choosing_few_rows.txt", "3 repetitions of 4 cases, print only")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--processes", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "choosing_few_rows.txt")
-    ap.add_argument("--summary-from", type=Path, default=None,
-                    help="print the summary from a results file's ratios (no runs)")
     args = ap.parse_args(argv)
     if args.summary_from is not None:
         print("\n".join(summary(worst_from(args.summary_from))))
@@ -145,22 +139,10 @@ def main(argv=None) -> int:
              "m    s      data        bound  " + " ".join(f"{k:>6s}" for k in SHORT)]
     print("\n".join(lines), flush=True)
     jobs = [(m, s, kind, bound, reps) for m, s in cases for kind, bound in settings]
-    worst: dict[tuple[int, int], np.ndarray] = {}
-    with Pool(args.processes) as pool:
-        for (m, s, kind, bound, _), mean in pool.imap(run, jobs):
-            ratio = mean / mean.min()
-            worst[(m, s)] = np.maximum(worst.get((m, s), ratio), ratio)
-            line = f"{m:<4d} {s:<6g} {kind:<11s} {bound:<6g} " + " ".join(f"{r:6.2f}" for r in ratio)
-            lines.append(line)
-            print(line, flush=True)
-    lines += summary(worst)
-    print("\n".join(lines[-len(worst) - 2:]), flush=True)
-    lines.append(f"# {time.strftime('%Y-%m-%d')}, {time.time() - started:.0f} s, load average at end "
-                 f"{os.getloadavg()[0]:.2f}")
-    if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
-        print(f"written to {args.out}")
+    measured, worst = measure(run, jobs, lambda job: job[:2],
+                              lambda job: f"{job[0]:<4d} {job[1]:<6g} {job[2]:<11s} {job[3]:<6g}",
+                              processes=args.processes, width=6)
+    finish(lines + measured, summary(worst), started, None if args.quick else args.out)
     return 0
 
 

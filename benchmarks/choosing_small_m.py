@@ -39,11 +39,9 @@ Output: one line per (kind, m, s, setting) with each mechanism's error over the 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _minimax import finish, measure, parser  # noqa: E402
 from choosing_few_rows import REAL, SYNTHETIC, n_eps, pools, sample  # noqa: E402
 from dpq_spark.core.quantiles._pure import get_base_mechanism  # noqa: E402
 from dpq_spark.core.quantiles.choose import choose_mechanism, grid_points  # noqa: E402
@@ -108,13 +107,6 @@ def pick(kind: str, m: int, s: float) -> str:
     return choose_mechanism(m, n=n, epsilon=eps)
 
 
-def ratios(mean: np.ndarray) -> np.ndarray:
-    best = mean.min()
-    if best > 0:
-        return mean / best
-    return np.where(mean == 0, 1.0, np.inf)
-
-
 def summary(worst: dict) -> list[str]:
     lines = ["# worst ratio over the settings per (kind, m, s), and auto's pick",
              "kind        m    s      " + " ".join(f"{k:>7s}" for k in SHORT) + "  auto (worst)"]
@@ -138,12 +130,7 @@ def worst_from(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 repetitions of a few cases, print only")
-    ap.add_argument("--processes", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "choosing_small_m.txt")
-    ap.add_argument("--summary-from", type=Path, default=None,
-                    help="print the summary from a results file's ratios (no runs)")
+    ap = parser(__doc__, ROOT / "benchmarks" / "results" / "choosing_small_m.txt", "3 repetitions of a few cases, print only")
     args = ap.parse_args(argv)
     if args.summary_from is not None:
         print("\n".join(summary(worst_from(args.summary_from))))
@@ -157,22 +144,11 @@ def main(argv=None) -> int:
              f"# error / best error per setting; load average at start {os.getloadavg()[0]:.2f}",
              "kind        m    s      data        lower  upper  " + " ".join(f"{k:>7s}" for k in SHORT)]
     print("\n".join(lines), flush=True)
-    worst: dict = {}
-    with Pool(args.processes) as pool:
-        for (kind, m, s, name, lo, hi, _), mean in pool.imap(run, jobs):
-            r = ratios(mean)
-            worst[(kind, m, s)] = np.maximum(worst.get((kind, m, s), r), r)
-            line = f"{kind:<11s} {m:<4d} {s:<6g} {name:<11s} {lo:<6g} {hi:<6g} " + " ".join(f"{v:7.2f}" for v in r)
-            lines.append(line)
-            print(line, flush=True)
-    lines += summary(worst)
-    print("\n".join(lines[-len(worst) - 2:]), flush=True)
-    lines.append(f"# {time.strftime('%Y-%m-%d')}, {time.time() - started:.0f} s, load average at end "
-                 f"{os.getloadavg()[0]:.2f}")
-    if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
-        print(f"written to {args.out}")
+    measured, worst = measure(run, jobs, lambda job: job[:3],
+                              lambda job: f"{job[0]:<11s} {job[1]:<4d} {job[2]:<6g} {job[3]:<11s} "
+                                          f"{job[4]:<6g} {job[5]:<6g}",
+                              processes=args.processes, width=7)
+    finish(lines + measured, summary(worst), started, None if args.quick else args.out)
     return 0
 
 
