@@ -113,10 +113,10 @@ def test_jitter_keeps_the_groups_apart_and_in_order():
 def test_auto_reads_the_declared_grid(relation):
     """Under swap n is public, so auto's choice per group is the typed rule's at that n; at these
     sizes the rule without the grid picks otherwise (so the test sees a missing grid)."""
-    m, eps = 3, 1.0
-    sizes = [500, 800]
+    m, eps, q = 2, 1.0, [0.25, 0.75]
+    sizes = [5_000_000, 20_000_000]  # AggTree on the grid, JointExp without it
     groups = [(np.full(1, 50.0), np.array([n])) for n in sizes]
-    got = release_many(groups, Q3, epsilon=eps, lower=0.0, upper=100.0, neighboring=relation,
+    got = release_many(groups, q, epsilon=eps, lower=0.0, upper=100.0, neighboring=relation,
                        mechanism="auto", granularity=1.0, rng=np.random.default_rng(1))
     grid = Grid(0.0, 100.0, 1.0)
     for n, name in zip(sizes, got.mechanisms):
