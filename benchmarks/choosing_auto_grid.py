@@ -138,6 +138,13 @@ def write_csv(path, rows):
         w.writerows(rows)
 
 
+def score(ratios, tolerance=1.15):
+    """The cases where auto is within ``tolerance`` times the best, and those where it is worse
+    by more than that and by more than two standard errors."""
+    within = sum(r["ratio"] <= tolerance for r in ratios)
+    return within, [r for r in ratios if r["ratio"] > tolerance and r["significant"]]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -194,8 +201,7 @@ def main(argv=None) -> int:
         print(f"| {r['data']} | {r['m']} | {r['size']:g} "
               f"| {r['best']} {r['best_mae']:.3g} +- {r['best_se']:.2g} "
               f"| {r['auto']} {r['auto_mae']:.3g} +- {r['auto_se']:.2g} | {r['ratio']:.2f}{mark} |")
-    within = sum(r["ratio"] <= 1.15 for r in ratios)
-    worse = [r for r in ratios if r["ratio"] > 1.15 and r["significant"]]
+    within, worse = score(ratios)
     print(f"\nauto within 1.15x of the best on {within} of {len(ratios)} cases; beyond it by more than "
           f"two standard errors (*) on {len(worse)}: "
           + ", ".join(f"{r['data']} m={r['m']} s={r['size']:g} ({r['ratio']:.2f})" for r in worse))
