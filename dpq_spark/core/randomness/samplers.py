@@ -9,6 +9,9 @@ one stated (given uniform input bits), and a released integer is attainable unde
 - :func:`bernoulli_exp` -- Bernoulli(exp(-gamma)) for a rational ``gamma >= 0``;
 - :func:`discrete_laplace` -- ``P(y) ∝ exp(-|y| / scale)`` on the integers;
 - :func:`geometric` -- ``P(k) ∝ exp(-k / scale)`` on ``k = 0, 1, ...``;
+- :func:`binomial_half` -- Binomial(c, 1/2), the number of ones among c uniform bits;
+- :func:`uniform_split` -- c rows each sent to an independent uniform one of ``2**bits`` parts
+  (a multinomial with equal cells, by halving);
 - :func:`dlap_scale` / :func:`achieved_epsilon` -- the rational scale for a sensitivity and an
   epsilon (rounded *up*: more noise is always safe) and the epsilon that scale actually gives.
 
@@ -43,6 +46,8 @@ __all__ = [
     "achieved_epsilon",
     "as_fraction",
     "SCALE_PRECISION_BITS",
+    "binomial_half",
+    "uniform_split",
 ]
 
 #: :func:`dlap_scale` rounds ``sensitivity / epsilon`` up to a multiple of ``2**-k`` with ``k``
@@ -353,3 +358,72 @@ def geometric(source: RandomSource, scale, size=None):
     if t > _INT_LIMIT // 4:
         return np.array([_geometric_x(source, t) // s for _ in range(n)], dtype=np.int64).reshape(shape)
     return (_geometric_x_array(source, t, n) // s).astype(np.int64).reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Counts split uniformly
+# --------------------------------------------------------------------------------------------
+
+_ONES = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)  # popcount of a byte
+_WORDS_AT_ONCE = 1 << 20  # random 64-bit words held at a time (8 MiB) by binomial_half
+
+
+def _popcounts(words: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 word (``int64``); numpy 1.x has no ``bitwise_count``: a byte table."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words).astype(np.int64)
+    return _ONES[words.view(np.uint8)].reshape(-1, 8).sum(axis=1)
+
+
+def binomial_half(source: RandomSource, counts) -> np.ndarray:
+    """Independent Binomial(``counts[i]``, 1/2) draws (``int64``), exactly: the number of ones
+    among ``counts[i]`` uniform random bits (``counts[i] // 64`` whole words, then the low
+    ``counts[i] % 64`` bits of one more). Costs ``sum(counts) / 64 + len(counts)`` random words,
+    drawn ``_WORDS_AT_ONCE`` at a time whatever the counts."""
+    c = np.asarray(counts, dtype=np.int64)
+    if c.ndim != 1 or (c.size and int(c.min()) < 0):
+        raise ValueError("`counts` must be a 1-d array of non-negative integers")
+    rem = (c & 63).astype(np.uint64)
+    out = _popcounts(source.words(c.size) & ((np.uint64(1) << rem) - np.uint64(1)))
+    full = c >> 6
+    end = np.cumsum(full)  # entry i owns words [end[i] - full[i], end[i]) of one long stream
+    total = int(end[-1]) if c.size else 0
+    for start in range(0, total, _WORDS_AT_ONCE):
+        stop = min(start + _WORDS_AT_ONCE, total)
+        ones = np.concatenate(([0], np.cumsum(_popcounts(source.words(stop - start)))))
+        a = int(np.searchsorted(end, start, side="right"))  # entries whose words meet the chunk
+        b = int(np.searchsorted(end, stop, side="left")) + 1
+        hi = np.minimum(end[a:b], stop) - start
+        lo = np.maximum(end[a:b] - full[a:b], start) - start
+        out[a:b] += ones[np.maximum(hi, lo)] - ones[lo]
+    return out
+
+
+def uniform_split(source: RandomSource, counts, bits: int):
+    """Send each of the ``counts[i]`` rows of entry ``i`` to an independent, uniform part in
+    ``[0, 2**bits)``, exactly; return the non-empty ``(entry, part, count)``, sorted by entry
+    then part (``int64`` arrays).
+
+    By halving: a node's rows go to its lower half with one fair coin each, so the lower count
+    is Binomial(rows, 1/2) (:func:`binomial_half`), then each half is split again, ``bits``
+    times. The coins of different rows are independent, so every row's part is uniform and
+    independent of the others': the counts are Multinomial(``counts[i]``, equal cells).
+    Memory: at most ``min(sum(counts), 2**bits * len(counts))`` triples.
+    """
+    if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 16:
+        raise ValueError(f"`bits` must be an integer in [0, 16], got {bits!r}")
+    c = np.asarray(counts, dtype=np.int64)
+    if c.ndim != 1 or (c.size and int(c.min()) < 0):
+        raise ValueError("`counts` must be a 1-d array of non-negative integers")
+    entry = np.flatnonzero(c)
+    part = np.zeros(entry.size, dtype=np.int64)
+    w = c[entry]
+    for _ in range(int(bits)):
+        low = binomial_half(source, w)
+        pairs = np.empty((w.size, 2), dtype=np.int64)
+        pairs[:, 0], pairs[:, 1] = low, w - low
+        keep = (pairs > 0).ravel()
+        entry = np.repeat(entry, 2)[keep]
+        part = (2 * np.repeat(part, 2) + np.tile([0, 1], w.size))[keep]
+        w = pairs.ravel()[keep]
+    return entry, part, w

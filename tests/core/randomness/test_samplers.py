@@ -390,3 +390,73 @@ def test_bits_array_is_uniform_on_its_range(k):
     with pytest.raises(ValueError, match="`k` must be in"):
         source.bits_array(64, 1)
     assert source.bits_array(0, 3).tolist() == [0, 0, 0]
+
+
+# --------------------------------------------------------------------------------------------
+# Counts split uniformly
+
+
+@pytest.mark.parametrize("count", [1, 7, 63, 64, 65, 200, 5000])
+def test_binomial_half_matches_the_binomial_pmf_and_rejects_p_off_by_4_percent(count):
+    draws = S.binomial_half(source(count), np.full(40_000, count))
+    cdf = lambda y, p: stats.binom.cdf(y, count, p)  # noqa: E731
+    assert binned_pvalue(draws, cdf, 0.5, 0.5) > 1e-3
+    if count >= 200:  # power: the same draws against Binomial(count, 0.5 +- 0.02)
+        for wrong in (0.48, 0.52):
+            assert binned_pvalue(draws, cdf, 0.5, wrong) < 1e-6
+
+
+def test_binomial_half_is_the_same_draws_in_chunks(monkeypatch):
+    """Whole words are drawn _WORDS_AT_ONCE at a time from one stream: with chunks of 3 words
+    (counts that straddle chunks, zeros between) the seeded draws are the same as in one go."""
+    counts = np.array([0, 1000, 64, 0, 130, 3, 777, 0, 64 * 7 + 5])
+    whole = S.binomial_half(source(9), counts)
+    monkeypatch.setattr(S, "_WORDS_AT_ONCE", 3)
+    assert np.array_equal(S.binomial_half(source(9), counts), whole)
+    assert np.all((whole >= 0) & (whole <= counts)) and whole[0] == whole[3] == whole[7] == 0
+
+
+def _composition_pvalue(rows_of_draws, count, parts):
+    """Chi-square of the observed part counts of one entry of ``count`` rows against the
+    multinomial with ``parts`` equal cells."""
+    from itertools import combinations_with_replacement
+
+    outcomes = {}
+    for combo in combinations_with_replacement(range(parts), count):
+        key = tuple(np.bincount(combo, minlength=parts))
+        outcomes[key] = math.factorial(count) / math.prod(math.factorial(a) for a in key) / parts**count
+    keys = list(outcomes)
+    seen = np.zeros(len(keys))
+    for row in rows_of_draws:
+        seen[keys.index(tuple(row))] += 1
+    expected = np.array([outcomes[k] for k in keys]) * len(rows_of_draws)
+    return stats.chisquare(seen, expected).pvalue
+
+
+def test_uniform_split_is_the_multinomial_of_independent_rows():
+    """3 rows into 4 parts: the 20 compositions at their multinomial probabilities; power: the
+    same test rejects rows that move together (one uniform part for all three)."""
+    src = source(3)
+    runs = 20_000
+    got = np.zeros((runs, 4), dtype=np.int64)
+    for r in range(runs):
+        entry, part, w = S.uniform_split(src, [0, 3], 2)
+        assert np.all(entry == 1) and np.all(np.diff(part) > 0) and w.sum() == 3
+        got[r, part] = w
+    assert _composition_pvalue(got, 3, 4) > 1e-3
+    together = np.zeros((2000, 4), dtype=np.int64)
+    together[np.arange(2000), np.random.default_rng(0).integers(0, 4, 2000)] = 3
+    assert _composition_pvalue(together, 3, 4) < 1e-6
+
+
+def test_uniform_split_keeps_every_row_and_order():
+    counts = np.array([5, 0, 1, 10_000, 2])
+    entry, part, w = S.uniform_split(source(4), counts, 4)
+    assert np.array_equal(np.bincount(entry, weights=w, minlength=5), counts)
+    assert np.all(w > 0) and np.all((part >= 0) & (part < 16))
+    assert np.all(np.diff(entry * 16 + part) > 0)  # sorted by entry, then part; no repeats
+    big = part[entry == 3]
+    assert big.size == 16 and stats.chisquare(w[entry == 3]).pvalue > 1e-4
+    assert S.uniform_split(source(4), [7], 0)[1].tolist() == [0]
+    with pytest.raises(ValueError, match="`bits`"):
+        S.uniform_split(source(4), [1], 17)
