@@ -30,8 +30,9 @@ keys       1e5 public keys, 2 rows each, deciles [<= 3x percentile_approx]; time
            same 9e5 rows (posexplode); and as "keys/wide" and "keys/wide/pd" with
            layout="wide" (1e5 rows of arrays, percentile_approx's own shape)
 timestamps 1,000 timestamps in one 1,907 s cell of bounds [0, 2e9], and 600 in one cell + 400
-           over +-1 day: error of dp_quantiles and of core ``joint_exp`` on the raw values
-           [within 2x]
+           over +-1 day, deciles and quartiles: error of dp_quantiles (``auto``) and of the
+           core's ``joint_exp`` and ``auto`` on the raw values [within 2x; quartiles within a
+           cell]
 many       1e7 rows of N(0, 5) in G equal groups (``--many-groups``, default 1e3, 1e4, 1e5 and
            1e6; ``--many-rows 1e8`` for the larger table), written to Parquet once per G and read
            back (not cached), deciles, eps = 1, bounds +-100, public keys, ``layout="wide"``,
@@ -64,6 +65,7 @@ import time
 import numpy as np
 
 DECILES = [i / 10 for i in range(1, 10)]
+QUARTILES = [0.25, 0.5, 0.75]
 PERCENTILES = [i / 100 for i in range(1, 100)]
 
 
@@ -314,6 +316,8 @@ def case_keys(spark, F, dp_quantiles, size):
 def case_timestamps(spark, F, dp_quantiles, joint_exp, size, repeats=20):
     import pandas as pd
 
+    from dpq_spark.core import auto
+
     lower, upper = 0.0, 2e9
     step = (upper - lower) / 2**32
     base = 1.3e9
@@ -323,20 +327,30 @@ def case_timestamps(spark, F, dp_quantiles, joint_exp, size, repeats=20):
         "600 in a cell + 400 over +-1 day": np.concatenate(
             [base + gen.uniform(0, 1907, 600), base + gen.uniform(-86_400, 86_400, 400)]),
     }
-    for name, x in cases.items():
-        df = spark.createDataFrame(pd.DataFrame({"x": x})).cache()
-        df.count()
-        truth = np.quantile(x, DECILES, method="inverted_cdf")
-        dp = [np.abs(np.array([r["value"] for r in dp_quantiles(
-            df, "x", quantiles=DECILES, epsilon=1.0, lower=lower, upper=upper).collect()])
-            - truth).mean() for _ in range(repeats)]
-        core = [np.abs(joint_exp(x, DECILES, epsilon=1.0, lower=lower, upper=upper) - truth).mean()
-                for _ in range(repeats)]
-        approx = np.abs(np.asarray(_approx(F, DECILES)(df)[0]["p"]) - truth).mean()
-        print(f"timestamps  {name}: mean abs error dp_quantiles {np.median(dp):.2f} s, core "
-              f"joint_exp {np.median(core):.2f} s (medians of {repeats}; grid step {step:.3f} s);"
-              f" percentile_approx {approx:.2f} s (not private)", flush=True)
-        df.unpersist()
+    # deciles: auto runs JointExp (on exact grid indices); quartiles: ApproxQuantiles (on
+    # coarse cells, each row at a random sub-cell)
+    for label, q in (("deciles", DECILES), ("quartiles", QUARTILES)):
+        for name, x in cases.items():
+            df = spark.createDataFrame(pd.DataFrame({"x": x})).cache()
+            df.count()
+            truth = np.quantile(x, q, method="inverted_cdf")
+            picked = set()
+            dp = []
+            for _ in range(repeats):
+                rows = dp_quantiles(df, "x", quantiles=q, epsilon=1.0, lower=lower,
+                                    upper=upper).collect()
+                picked |= {r["mechanism"] for r in rows}
+                dp.append(np.abs(np.array([r["value"] for r in rows]) - truth).mean())
+            core = {fn.__name__: [np.abs(fn(x, q, epsilon=1.0, lower=lower, upper=upper)
+                                         - truth).mean() for _ in range(repeats)]
+                    for fn in (joint_exp, auto)}
+            approx = np.abs(np.asarray(_approx(F, q)(df)[0]["p"]) - truth).mean()
+            print(f"timestamps  {label}, {name}: mean abs error dp_quantiles "
+                  f"{np.median(dp):.2f} s ({', '.join(sorted(picked))}), core joint_exp "
+                  f"{np.median(core['joint_exp']):.2f} s, core auto {np.median(core['auto']):.2f} s "
+                  f"(medians of {repeats}; grid step {step:.3f} s); percentile_approx "
+                  f"{approx:.2f} s (not private)", flush=True)
+            df.unpersist()
 
 
 MANY_GROUPS = (1_000, 10_000, 100_000, 1_000_000)

@@ -4,7 +4,8 @@ This runs inside ``mapInArrow`` on the executors (streaming each partition's row
 :class:`~dpq_spark.spark._fold.Fold`) and on the driver when there is no grouping or a public key has no rows. With
 bounds, JointExp and IndExp get each group's indices on the core's default grid (exact, or for a
 partition past the fold budget the represented data of :mod:`dpq_spark.core.quantiles.coarse_bands`);
-ApproxQuantiles and AggTree get coarse cells. For ``mechanism="auto"`` the noisy count and choice
+ApproxQuantiles and AggTree get coarse cells (ApproxQuantiles each row at a random sub-cell of
+its cell, :mod:`dpq_spark.core.quantiles.coarse_spread`). For ``mechanism="auto"`` the noisy count and choice
 come first (:func:`~dpq_spark.core.quantiles.choose.plan_auto`), so the fold knows which data a spilled
 group needs. It imports numpy and pyarrow only (pandas only for the driver's per-group frames),
 never pyspark or scipy, so that it pickles by reference and stays cheap to import in a Python
@@ -34,6 +35,7 @@ from dpq_spark.core.quantiles.coarse_bands import (
     reachable,
     represent,
 )
+from dpq_spark.core.quantiles.coarse_spread import spread_in_cells
 from dpq_spark.core.randomness.grid import Grid, jitter_indices
 from dpq_spark.core.quantiles.ind_exp import ind_exp_indices
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
@@ -284,8 +286,11 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
 def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams,
                 shift: int = COARSE_SHIFT) -> np.ndarray:
     """A mechanism other than JointExp on coarse cells ``k >> shift``, each row at its cell's
-    fixed representative grid point (a per-record map of public constants); on a declared grid
-    the mechanism gets its ``granularity`` (:func:`coarse_shift`: shift 0 is the grid itself)."""
+    fixed representative grid point (a per-record map of public constants), or for
+    ApproxQuantiles on the default grid at a random sub-cell's midpoint
+    (:func:`~dpq_spark.core.quantiles.coarse_spread.spread_in_cells`, a per-record random map);
+    on a declared grid the mechanism gets its ``granularity`` (:func:`coarse_shift`: shift 0 is
+    the grid itself)."""
     grid = _grid(params)
     extra = {} if params.granularity is None else {"granularity": params.granularity}
     if name == params.mechanism:
@@ -294,8 +299,13 @@ def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams,
         from dpq_spark.core.quantiles.mechanisms import get_base_mechanism
 
         mechanism = get_base_mechanism(name)
-    out = mechanism(grid.value(coarse_midpoints(cells, grid.steps, shift)),
-                    np.asarray(params.quantiles, dtype=np.float64), epsilon=epsilon,
+    if name == "approx_quantiles" and params.granularity is None:
+        # each row at a random sub-cell of its cell: ApproxQuantiles' splits then divide a cell
+        # that holds many rows instead of leaving one side empty (no privacy cost)
+        k, counts = spread_in_cells(cells, counts, grid.steps, shift, source)
+    else:
+        k = coarse_midpoints(cells, grid.steps, shift)
+    out = mechanism(grid.value(k), np.asarray(params.quantiles, dtype=np.float64), epsilon=epsilon,
                     lower=params.lower, upper=params.upper, neighboring=params.neighboring,
                     counts=counts, rng=source, **extra)
     return np.asarray(out, dtype=np.float64)

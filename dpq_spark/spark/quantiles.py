@@ -250,7 +250,9 @@ def dp_quantiles(
     cells it can reach, read back from the file, and each other cell's rows at the cell's left
     edge: within total variation 2**-59 of the same mechanism on the grid data
     (:mod:`dpq_spark.core.quantiles.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
-    (each row at its cell's middle grid point, within 4.8e-7 of the span). Ungrouped, Spark
+    (AggTree each row at its cell's middle grid point, within 4.8e-7 of the span;
+    ApproxQuantiles each row at a random one of its cell's 16 sub-cells, drawn per row, which
+    costs no privacy: :mod:`dpq_spark.core.quantiles.coarse_spread`). Ungrouped, Spark
     counts rows per wider coarse cell of 65,536 grid points (at most 2**16 + 1 rows
     collected), the driver chooses, and a second job brings, for JointExp/IndExp, the grid
     indices of the reachable cells only, and for the other mechanisms the rows per 4,096-point

@@ -90,7 +90,8 @@ from dpq_spark.core.randomness.dlap_table import dlap_table
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles._sorted_data import sort_data
-from dpq_spark.core.quantiles.coarse_bands import coarse_midpoints, coarse_of, grid_coarse_shift
+from dpq_spark.core.quantiles.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, grid_coarse_shift
+from dpq_spark.core.quantiles.coarse_spread import spread_in_cells
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS, honaker_variances, leaf_index, node_variance
 from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
@@ -121,6 +122,7 @@ BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tre
                     *SIZED_TREES)
 #: The trees of fixed shape ``(branching, height)`` (the histogram is a one-level tree).
 _FIXED_TREES = {"histogram": (HISTOGRAM_BINS, 1), **SIZED_TREES}
+_CELL_BITS = 21  # a default-grid coarse cell k >> 12 is below 2**21
 _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", *_FIXED_TREES)  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
@@ -201,8 +203,11 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         (:func:`dpq_spark.core.quantiles.coarse_bands.coarse_midpoints` of ``k >> shift``, the
         shift of :func:`~dpq_spark.core.quantiles.coarse_bands.grid_coarse_shift`: 12 on the
         default grid, 0 on a declared grid of fewer than 2**20 steps), a per-record map of
-        public constants, as the Spark layer feeds those mechanisms; JointExp and IndExp keep
-        the exact indices. The choice is made after auto's noisy count, per group.
+        public constants, as the Spark layer feeds those mechanisms; on the default grid
+        ApproxQuantiles instead gets each row at a random one of its cell's 16 sub-cells
+        (:mod:`~dpq_spark.core.quantiles.coarse_spread`, a per-record random map, no privacy
+        cost). JointExp and IndExp keep the exact indices. The choice is made after auto's
+        noisy count, per group.
     granularity : float, optional
         The declared step of the grid (public: from the column's type or the user), finite and
         > 0, at most 2**32 steps between the bounds. Each group then gets exactly what the core
@@ -300,7 +305,12 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
                                          mech_eps, grid, relation, *shape, source)
             continue
         k, k_counts, k_bounds, rows = coarse_k if coarse else snapped, counts, bounds, members
-        if grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
+        if coarse and name == "approx_quantiles" and grid.jitter == 1:
+            # the default grid: each row at a random sub-cell of its cell, as the Spark layer's
+            # per-group path (coarse_spread); a declared grid jitters below instead
+            k, k_counts, k_bounds = _spread(snapped, counts, bounds, members, grid, source)
+            rows = np.arange(members.size)
+        elif grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
             k, k_counts, k_bounds = _jittered(k, counts, bounds, members, grid, source)
             rows = np.arange(members.size)
         run = {"joint_exp": _joint_exps, "approx_quantiles": _approx_many,
@@ -309,6 +319,28 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         values[members] = grid.release(run(k, k_counts, k_bounds, rows, q, mech_eps, relation,
                                            size, source))
     return BatchRelease(values, names)
+
+
+def _spread(k, counts, bounds, members, grid: Grid, source):
+    """The groups ``members``' rows at random sub-cells of their coarse cells
+    (:func:`~dpq_spark.core.quantiles.coarse_spread.spread_in_cells` on each group's cells, the
+    default grid's ``COARSE_SHIFT``): ``(grid indices, counts, bounds)`` of the same groups in the
+    same order, each group's indices sorted and distinct with their multiplicities."""
+    local, rows = _member_rows(bounds, members)
+    cells, c = coarse_of(k[rows], COARSE_SHIFT), counts[rows].astype(np.int64)
+    code = (local << _CELL_BITS) | cells  # sorted: rows are by group, then k
+    code, c = _reduce_runs(code, c)
+    g, fine, w = spread_in_cells(code & ((1 << _CELL_BITS) - 1), c, grid.steps, COARSE_SHIFT,
+                                 source, groups=code >> _CELL_BITS)
+    return fine, w, np.searchsorted(g, np.arange(members.size + 1)).astype(np.int64)
+
+
+def _reduce_runs(code, counts):
+    """Sum ``counts`` over runs of equal sorted ``code``."""
+    if code.size == 0:
+        return code, counts
+    starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
+    return code[starts], np.add.reduceat(counts, starts)
 
 
 def _jittered(k, counts, bounds, members, grid: Grid, source):
