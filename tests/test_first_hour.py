@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -217,15 +218,17 @@ class _Conf:
         return self.values.get(key, default)
 
 
-class _Context:
-    def __init__(self, python):
-        self.pythonExec = python
-
-
 class _Session:
+    """A classic session's conf and no SparkContext: the check must not need one. ``python`` is
+    the PYSPARK_PYTHON it started with (None: unset), which ``_check`` puts in the environment."""
+
     def __init__(self, master, python, app="app-1", **conf):
         self.conf = _Conf({"spark.master": master, "spark.app.id": app, **conf})
-        self.sparkContext = _Context(python)
+        self.python = python
+
+    @property
+    def sparkContext(self):
+        raise AssertionError("the worker check read the SparkContext")
 
 
 def test_worker_check_rules(monkeypatch, bare_python):
@@ -242,18 +245,31 @@ def test_worker_check_rules(monkeypatch, bare_python):
     monkeypatch.setattr(_workers, "_checked", {})
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
 
-    _workers.check_workers(_Session("local[2]", sys.executable))  # this interpreter: no probe
-    _workers.check_workers(_Session("spark://host:7077", bare_python))  # a cluster: not ours
-    _workers.check_workers(_Session("local-cluster[2,1,1024]", bare_python))
+    def check(session, **kw):
+        if session.python is None:
+            monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+        else:
+            monkeypatch.setenv("PYSPARK_PYTHON", session.python)
+        _workers.check_workers(session, **kw)
+
+    check(_Session("local[2]", sys.executable))  # this interpreter: no probe
+    check(_Session("spark://host:7077", bare_python))  # a cluster: not ours
+    check(_Session("local-cluster[2,1,1024]", bare_python))
     if not _workers._collects_in_workers():  # pyspark 4: an ungrouped release needs no worker
-        _workers.check_workers(_Session("local[2]", bare_python), grouped=False)
+        check(_Session("local[2]", bare_python), grouped=False)
     assert calls == []
     session = _Session("local[*]", bare_python, **{"spark.pyspark.python": sys.executable})
     for _ in range(2):
         with pytest.raises(_workers.WorkerPythonError, match=r"cannot import numpy, pyarrow, "
                            r"dpq_spark \(`spark.pyspark.python` is read by spark-submit only"):
-            _workers.check_workers(session)
-    assert calls == [bare_python]  # cached per SparkContext and interpreter
+            check(session)
+    assert calls == [bare_python]  # cached per application and interpreter
     with pytest.raises(_workers.WorkerPythonError, match="cannot be started"):
-        _workers.check_workers(_Session("local", "/nonexistent/python3"))
+        check(_Session("local", "/nonexistent/python3"))
+    # unset: pyspark's default "python3" on PATH, here an interpreter without the packages
+    monkeypatch.setenv("PATH", f"{os.path.dirname(bare_python)}{os.pathsep}{os.environ['PATH']}")
+    assert shutil.which("python3") == os.path.join(os.path.dirname(bare_python), "python3")
+    with pytest.raises(_workers.WorkerPythonError, match="pyspark's default while "
+                       "PYSPARK_PYTHON is unset"):
+        check(_Session("local[2]", None, app="app-2"))
     assert _workers._probe(sys.executable) is None  # another path to a good interpreter is fine

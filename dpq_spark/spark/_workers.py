@@ -83,12 +83,10 @@ def check_workers(spark, what: str = "dp_quantiles", *, grouped: bool = True) ->
     problem = _checked[key]
     if problem is None:
         return
-    if os.environ.get("PYSPARK_PYTHON") == python:
+    if os.environ.get("PYSPARK_PYTHON"):
         source = "from PYSPARK_PYTHON"
-    elif python == "python3":
-        source = "pyspark's default: PYSPARK_PYTHON was unset when the session started"
     else:
-        source = "PYSPARK_PYTHON when the session started"
+        source = "pyspark's default while PYSPARK_PYTHON is unset"
     ignored = ""
     if _conf(spark, "spark.pyspark.python") is not None:
         ignored = " (`spark.pyspark.python` is read by spark-submit only, not here)"
@@ -123,13 +121,12 @@ def _local_worker_python(spark) -> tuple[str | None, str]:
     master = _conf(spark, "spark.master") or ""
     if not (master == "local" or master.startswith("local[")):
         return None, ""
-    try:
-        # What pyspark hands the JVM with every Python function: the value of PYSPARK_PYTHON
-        # when this classic session's context was created (a plain attribute, no JVM call).
-        python = spark.sparkContext.pythonExec
-    except Exception:  # cannot tell: leave it to Spark
-        return None, ""
-    return (python or None), _conf(spark, "spark.app.id") or ""
+    # What pyspark hands the JVM with every Python function is PYSPARK_PYTHON as it was when
+    # the session started, else "python3"; read from the environment, not from the session's
+    # SparkContext (this package uses the DataFrame API only). A PYSPARK_PYTHON changed after
+    # the session started is checked in place of the one its workers run.
+    python = os.environ.get("PYSPARK_PYTHON") or "python3"
+    return python, _conf(spark, "spark.app.id") or ""
 
 
 def _is_this_interpreter(python: str) -> bool:
