@@ -319,11 +319,10 @@ def test_unseeded_fold_releases_groups_in_batches_with_the_per_group_data(monkey
     ApproxQuantiles' random sub-cells are set to one per cell (its midpoint, bits=0) on both
     paths, so that both see the same points."""
     from dpq_spark.core.quantiles import batch as core_batch
-    from dpq_spark.core.quantiles.coarse_spread import spread_in_cells
+    from dpq_spark.core.quantiles.coarse_spread import spread_groups, spread_in_cells
 
-    one_point = functools.partial(spread_in_cells, bits=0)
-    monkeypatch.setattr(_release, "spread_in_cells", one_point)
-    monkeypatch.setattr(core_batch, "spread_in_cells", one_point)
+    monkeypatch.setattr(_release, "spread_in_cells", functools.partial(spread_in_cells, bits=0))
+    monkeypatch.setattr(core_batch, "spread_groups", functools.partial(spread_groups, bits=0))
     gen = np.random.default_rng(4)
     groups = [np.sort(gen.choice(2**32 + 1, size, replace=False)) for size in (10, 20, 40, 300)]
     groups.append(np.sort(2**31 + gen.choice(3 * 4096, 50, replace=False)))  # 3 coarse cells

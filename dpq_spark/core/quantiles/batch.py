@@ -91,7 +91,7 @@ from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles._sorted_data import sort_data
 from dpq_spark.core.quantiles.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, grid_coarse_shift
-from dpq_spark.core.quantiles.coarse_spread import spread_in_cells
+from dpq_spark.core.quantiles.coarse_spread import spread_groups
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS, honaker_variances, leaf_index, node_variance
 from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
@@ -122,7 +122,6 @@ BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tre
                     *SIZED_TREES)
 #: The trees of fixed shape ``(branching, height)`` (the histogram is a one-level tree).
 _FIXED_TREES = {"histogram": (HISTOGRAM_BINS, 1), **SIZED_TREES}
-_CELL_BITS = 21  # a default-grid coarse cell k >> 12 is below 2**21
 _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", *_FIXED_TREES)  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
@@ -286,17 +285,20 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         return BatchRelease(values, names)
     if snapped is None:
         snapped = grid.snap(x)
-    coarse_x = coarse_k = None
-    if coarse_cells and any(name in _COARSE_MECHANISMS for name in names):
-        shift = grid_coarse_shift(grid.steps, granularity is not None)
-        coarse_k = coarse_midpoints(coarse_of(snapped, shift), grid.steps, shift)
-        coarse_x = grid.value(coarse_k)
     by_name: dict[str, list[int]] = {}
     for g, name in enumerate(names):
         by_name.setdefault(name, []).append(g)
+    # on the default grid ApproxQuantiles gets random sub-cells (_spread), not the midpoints
+    spread = coarse_cells and grid.jitter == 1
+    coarse_x = coarse_k = None
+    if coarse_cells and any(name in _COARSE_MECHANISMS and not (spread and name == "approx_quantiles")
+                            for name in by_name):
+        shift = grid_coarse_shift(grid.steps, granularity is not None)
+        coarse_k = coarse_midpoints(coarse_of(snapped, shift), grid.steps, shift)
+        coarse_x = grid.value(coarse_k)
     for name, members in by_name.items():
         members = np.asarray(members, dtype=np.int64)
-        coarse = coarse_x is not None and name in _COARSE_MECHANISMS
+        coarse = coarse_cells and name in _COARSE_MECHANISMS
         if name == "agg_tree" or name in _FIXED_TREES:
             shape = _FIXED_TREES.get(name, (b, h))
             if x is None and not coarse:
@@ -305,7 +307,7 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
                                          mech_eps, grid, relation, *shape, source)
             continue
         k, k_counts, k_bounds, rows = coarse_k if coarse else snapped, counts, bounds, members
-        if coarse and name == "approx_quantiles" and grid.jitter == 1:
+        if spread and name == "approx_quantiles":
             # the default grid: each row at a random sub-cell of its cell, as the Spark layer's
             # per-group path (coarse_spread); a declared grid jitters below instead
             k, k_counts, k_bounds = _spread(snapped, counts, bounds, members, grid, source)
@@ -323,24 +325,15 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
 
 def _spread(k, counts, bounds, members, grid: Grid, source):
     """The groups ``members``' rows at random sub-cells of their coarse cells
-    (:func:`~dpq_spark.core.quantiles.coarse_spread.spread_in_cells` on each group's cells, the
-    default grid's ``COARSE_SHIFT``): ``(grid indices, counts, bounds)`` of the same groups in the
-    same order, each group's indices sorted and distinct with their multiplicities."""
-    local, rows = _member_rows(bounds, members)
-    cells, c = coarse_of(k[rows], COARSE_SHIFT), counts[rows].astype(np.int64)
-    code = (local << _CELL_BITS) | cells  # sorted: rows are by group, then k
-    code, c = _reduce_runs(code, c)
-    g, fine, w = spread_in_cells(code & ((1 << _CELL_BITS) - 1), c, grid.steps, COARSE_SHIFT,
-                                 source, groups=code >> _CELL_BITS)
-    return fine, w, np.searchsorted(g, np.arange(members.size + 1)).astype(np.int64)
-
-
-def _reduce_runs(code, counts):
-    """Sum ``counts`` over runs of equal sorted ``code``."""
-    if code.size == 0:
-        return code, counts
-    starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
-    return code[starts], np.add.reduceat(counts, starts)
+    (:func:`~dpq_spark.core.quantiles.coarse_spread.spread_groups`, the default grid's
+    ``COARSE_SHIFT``): ``(grid indices, counts, bounds)`` of the same groups in the same order,
+    each group's indices sorted and distinct with their multiplicities."""
+    if members.size == bounds.size - 1:  # every group, in order: the rows as they are
+        return spread_groups(k, counts, bounds, grid.steps, COARSE_SHIFT, source)
+    _, rows = _member_rows(bounds, members)
+    sizes = bounds[members + 1] - bounds[members]
+    local = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    return spread_groups(k[rows], counts[rows], local, grid.steps, COARSE_SHIFT, source)
 
 
 def _jittered(k, counts, bounds, members, grid: Grid, source):

@@ -34,7 +34,7 @@ import numpy as np
 
 from dpq_spark.core.randomness.samplers import uniform_split
 
-__all__ = ["SUB_CELL_BITS", "spread_in_cells"]
+__all__ = ["SUB_CELL_BITS", "spread_in_cells", "spread_groups"]
 
 #: Each coarse cell is cut into ``2**SUB_CELL_BITS`` = 16 sub-cells: enough for the splits of
 #: ApproxQuantiles' recursion over 15 quantiles to stay inside one tied cell, while a group
@@ -42,27 +42,68 @@ __all__ = ["SUB_CELL_BITS", "spread_in_cells"]
 SUB_CELL_BITS = 4
 
 
-def spread_in_cells(cells, counts, steps: int, shift: int, source, bits: int = SUB_CELL_BITS,
-                    groups=None):
+def spread_in_cells(cells, counts, steps: int, shift: int, source, bits: int = SUB_CELL_BITS):
     """Each row of coarse cell ``C`` (grid indices ``[2**shift C, 2**shift (C + 1))``) at the
     midpoint grid index of a uniform, independent one of the cell's ``2**bits`` equal sub-cells
     (at most ``steps``, the grid's last index).
 
-    ``cells``: sorted distinct coarse cells, or with ``groups`` (each entry's group, sorted) sorted
-    within each group; ``counts``: their rows. Returns ``(k, counts)``, the sorted distinct grid
-    indices and their rows, or with ``groups`` ``(group, k, counts)`` sorted by group then ``k``.
-    Needs ``shift >= bits``. Draws ``sum(counts) / 16 + 15 len(cells)`` random words or fewer."""
+    ``cells``: sorted distinct coarse cells; ``counts``: their rows. Returns ``(k, counts)``,
+    the sorted distinct grid indices and their rows. Needs ``shift >= bits``."""
     if shift < bits:
         raise ValueError(f"`shift` must be at least `bits` ({bits}), got {shift}")
     cells = np.asarray(cells, dtype=np.int64)
     entry, part, w = uniform_split(source, counts, bits)
     width = 1 << (shift - bits)
     k = np.minimum((cells[entry] << shift) + part * width + width // 2, steps)
-    # The cell N >> shift holds k = N alone: its sub-cells all clamp to N, so merge equal k.
-    g = None if groups is None else np.asarray(groups, dtype=np.int64)[entry]
-    same = (k[1:] == k[:-1]) if g is None else (k[1:] == k[:-1]) & (g[1:] == g[:-1])
-    if same.any():
-        starts = np.flatnonzero(np.r_[True, ~same])
-        k, w = k[starts], np.add.reduceat(w, starts)
-        g = None if g is None else g[starts]
-    return (k, w) if g is None else (g, k, w)
+    if k.size and k[-1] == steps:  # the cell N >> shift holds k = N alone: merge its sub-cells
+        top = int(np.searchsorted(k, steps))
+        k, w = np.append(k[:top], steps), np.append(w[:top], w[top:].sum())
+    return k, w
+
+
+def spread_groups(k, counts, bounds, steps: int, shift: int, source, bits: int = SUB_CELL_BITS):
+    """:func:`spread_in_cells` for many groups given by their grid indices: group ``i`` holds the
+    sorted distinct indices ``k[bounds[i]:bounds[i + 1]]`` with ``counts``. Every row goes, on
+    its own, to a uniform sub-cell of its cell ``k >> shift`` (the distribution of
+    :func:`spread_in_cells` on the group's cell counts); returns ``(k, counts, bounds)`` of the
+    groups' sorted distinct sub-cell midpoints, in the same order.
+
+    Work per entry: a few array passes, plus a sort of the entries whose cell holds another
+    entry of the same group (rows of nearby values), which are few unless the data are."""
+    if shift < bits:
+        raise ValueError(f"`shift` must be at least `bits` ({bits}), got {shift}")
+    k = np.asarray(k, dtype=np.int64)
+    bounds = np.asarray(bounds, dtype=np.int64)
+    cell = k >> shift
+    entry, part, w = uniform_split(source, counts, bits)
+    width = 1 << (shift - bits)
+    out = np.minimum((cell[entry] << shift) + part * width + width // 2, steps)
+    first = np.searchsorted(entry, bounds)  # each group's outputs start here
+    # Entries that share a cell with a neighbour of their group (and the cell of k = N, whose
+    # sub-cells all clamp to N) give outputs out of order or equal: sort and merge those.
+    shared = cell[1:] == cell[:-1]
+    inner = bounds[1:-1]
+    shared[inner[(inner > 0) & (inner < k.size)] - 1] = False
+    mixed = np.zeros(k.size, dtype=bool)
+    mixed[:-1] |= shared
+    mixed[1:] |= shared
+    mixed |= cell == (steps >> shift)
+    if not mixed.any():
+        return out, w, first
+    at = np.flatnonzero(mixed[entry])  # positions of the outputs to sort, in order
+    group = np.searchsorted(bounds, entry[at], side="right") - 1
+    code = (group << 34) | out[at]  # grid indices < 2**33 on grids up to 2**33 steps
+    order = np.argsort(code, kind="stable")
+    out[at], w[at] = out[at][order], w[at][order]
+    code = code[order]
+    dup = np.zeros(out.size, dtype=bool)
+    dup[at[1:]] = code[1:] == code[:-1]  # the same (group, index) as the output before it
+    if dup.any():
+        # positions in `at` are contiguous within a run, so the output before a duplicate
+        # is the previous entry of `at`
+        keep = ~dup
+        starts = np.flatnonzero(keep[at])
+        w[at[starts]] = np.add.reduceat(w[at], starts)
+        gone = np.concatenate(([0], np.cumsum(dup)))
+        out, w, first = out[keep], w[keep], first - gone[first]
+    return out, w, first

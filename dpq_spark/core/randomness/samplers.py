@@ -404,7 +404,8 @@ def uniform_split(source: RandomSource, counts, bits: int):
     ``[0, 2**bits)``, exactly; return the non-empty ``(entry, part, count)``, sorted by entry
     then part (``int64`` arrays).
 
-    By halving: a node's rows go to its lower half with one fair coin each, so the lower count
+    An entry of one row draws its part directly (``bits`` uniform bits). Larger entries split
+    by halving: a node's rows go to its lower half with one fair coin each, so the lower count
     is Binomial(rows, 1/2) (:func:`binomial_half`), then each half is split again, ``bits``
     times. The coins of different rows are independent, so every row's part is uniform and
     independent of the others': the counts are Multinomial(``counts[i]``, equal cells).
@@ -412,18 +413,47 @@ def uniform_split(source: RandomSource, counts, bits: int):
     """
     if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 16:
         raise ValueError(f"`bits` must be an integer in [0, 16], got {bits!r}")
+    bits = int(bits)
     c = np.asarray(counts, dtype=np.int64)
     if c.ndim != 1 or (c.size and int(c.min()) < 0):
         raise ValueError("`counts` must be a 1-d array of non-negative integers")
     entry = np.flatnonzero(c)
-    part = np.zeros(entry.size, dtype=np.int64)
     w = c[entry]
-    for _ in range(int(bits)):
-        low = binomial_half(source, w)
-        pairs = np.empty((w.size, 2), dtype=np.int64)
-        pairs[:, 0], pairs[:, 1] = low, w - low
+    alone = np.flatnonzero(w == 1)  # places in `entry` of one-row entries
+    part_alone = _uniform_bits(source, bits, alone.size)
+    if alone.size == entry.size:
+        return entry, part_alone, w
+    many = np.flatnonzero(w > 1)
+    node, part, nw = np.arange(many.size), np.zeros(many.size, dtype=np.int64), w[many]
+    for _ in range(bits):
+        low = binomial_half(source, nw)
+        pairs = np.empty((nw.size, 2), dtype=np.int64)
+        pairs[:, 0], pairs[:, 1] = low, nw - low
         keep = (pairs > 0).ravel()
-        entry = np.repeat(entry, 2)[keep]
-        part = (2 * np.repeat(part, 2) + np.tile([0, 1], w.size))[keep]
-        w = pairs.ravel()[keep]
-    return entry, part, w
+        node = np.repeat(node, 2)[keep]
+        part = (2 * np.repeat(part, 2) + np.tile(np.array([0, 1]), nw.size))[keep]
+        nw = pairs.ravel()[keep]
+    # merge: every entry's outputs in entry order (one for a one-row entry)
+    outputs = np.ones(entry.size, dtype=np.int64)
+    outputs[many] = np.bincount(node, minlength=many.size)
+    first = np.cumsum(outputs) - outputs
+    out_entry = np.repeat(entry, outputs)
+    out_part = np.empty(out_entry.size, dtype=np.int64)
+    out_w = np.ones(out_entry.size, dtype=np.int64)
+    out_part[first[alone]] = part_alone
+    run = np.arange(node.size) - np.repeat(np.cumsum(outputs[many]) - outputs[many], outputs[many])
+    at = first[many][node] + run
+    out_part[at], out_w[at] = part, nw
+    return out_entry, out_part, out_w
+
+
+def _uniform_bits(source: RandomSource, bits: int, size: int) -> np.ndarray:
+    """``size`` uniform integers in ``[0, 2**bits)``, ``bits <= 16``, from one or two random
+    bytes each (``int64``; exact: 2**bits divides 2**8 or 2**16)."""
+    if bits == 0 or size == 0:
+        return np.zeros(size, dtype=np.int64)
+    if bits <= 8:
+        raw = np.frombuffer(source.bytes(size), dtype=np.uint8)
+    else:
+        raw = np.frombuffer(source.bytes(2 * size), dtype="<u2")
+    return (raw & ((1 << bits) - 1)).astype(np.int64)

@@ -11,7 +11,7 @@ import pytest
 from dpq_spark.core.quantiles import coarse_spread
 from dpq_spark.core.quantiles.batch import FlatGroups, release_many
 from dpq_spark.core.quantiles.coarse_bands import COARSE_SHIFT, FINE_STEPS
-from dpq_spark.core.quantiles.coarse_spread import spread_in_cells
+from dpq_spark.core.quantiles.coarse_spread import spread_groups, spread_in_cells
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.randomness.source import resolve_rng
 
@@ -32,16 +32,61 @@ def test_rows_stay_in_their_cell_at_sub_cell_midpoints():
 
 
 def test_groups_are_spread_each_in_their_own_cells():
-    groups = np.array([0, 0, 1, 2])
-    cells = np.array([3, 4, 3, 0])
-    g, k, w = spread_in_cells(cells, [50, 1, 50, 2], N, COARSE_SHIFT,
-                              resolve_rng(np.random.default_rng(2)), groups=groups)
-    assert np.all(np.diff(g * (N + 1) + k) > 0)
-    for group, cell, count in zip(groups, cells, [50, 1, 50, 2]):
-        here = (g == group) & ((k >> COARSE_SHIFT) == cell)
-        assert w[here].sum() == count
+    """spread_groups: every row stays in its group and cell; entries sharing a cell are merged
+    and sorted; the same cell in two groups is not merged; empty groups keep their place."""
+    k = np.array([3 << 12, (3 << 12) + 9, (4 << 12) + 1, (3 << 12) + 5, 7, N, N - 1])
+    counts = np.array([30, 20, 1, 50, 2, 9, 1])
+    bounds = np.array([0, 3, 3, 4, 5, 6, 7])  # groups: 3 entries, empty, 1, 1, k = N, N - 1
+    out, w, first = spread_groups(k, counts, bounds, N, COARSE_SHIFT,
+                                  resolve_rng(np.random.default_rng(2)))
+    assert first[0] == 0 and first[-1] == out.size and np.all(np.diff(first) >= 0)
+    for g in range(bounds.size - 1):
+        ks, ws = out[first[g]:first[g + 1]], w[first[g]:first[g + 1]]
+        assert np.all(np.diff(ks) > 0) and ws.sum() == counts[bounds[g]:bounds[g + 1]].sum()
+        for cell in np.unique(k[bounds[g]:bounds[g + 1]] >> COARSE_SHIFT):
+            here = (ks >> COARSE_SHIFT) == cell
+            rows = counts[bounds[g]:bounds[g + 1]][(k[bounds[g]:bounds[g + 1]] >> COARSE_SHIFT) == cell]
+            assert ws[here].sum() == rows.sum()
+    assert first[2] - first[1] == 0  # the empty group
+    assert out[first[4]:first[5]].tolist() == [N] and w[first[4]] == 9  # k = N: one point
     with pytest.raises(ValueError, match="`shift`"):
-        spread_in_cells(cells, [1, 1, 1, 1], N, 2, resolve_rng(np.random.default_rng(2)))
+        spread_groups(k, counts, bounds, N, 2, resolve_rng(np.random.default_rng(2)))
+
+
+def _compositions(rows, parts):
+    """Multinomial probabilities of every composition of ``rows`` into ``parts`` equal cells."""
+    from itertools import combinations_with_replacement
+    from math import factorial, prod
+
+    out = {}
+    for combo in combinations_with_replacement(range(parts), rows):
+        key = tuple(np.bincount(combo, minlength=parts))
+        out[key] = factorial(rows) / prod(factorial(a) for a in key) / parts**rows
+    return out
+
+
+def test_spread_groups_is_every_row_uniform_on_its_own():
+    """3 rows of one cell in three entries (cells of 4 grid points, 4 sub-cells): the counts per
+    sub-cell are the multinomial of independent rows, as spread_in_cells gives the cell's 3
+    rows at once; power: the test rejects the three rows moving together."""
+    from scipy import stats
+
+    source = resolve_rng(np.random.default_rng(5))
+    pmf = _compositions(3, 4)
+    keys = list(pmf)
+    seen = np.zeros(len(keys))
+    runs = 12_000
+    for _ in range(runs):
+        out, w, _ = spread_groups([4, 5, 6], [1, 1, 1], [0, 3], 64, 2, source, bits=2)
+        row = np.zeros(4, dtype=np.int64)
+        row[out - 4] = w
+        seen[keys.index(tuple(row))] += 1
+    expected = np.array([pmf[key] for key in keys]) * runs
+    assert stats.chisquare(seen, expected).pvalue > 1e-3
+    together = np.zeros(len(keys))
+    for part in np.random.default_rng(0).integers(0, 4, 2000):
+        together[keys.index(tuple(3 * (np.arange(4) == part)))] += 1
+    assert stats.chisquare(together, expected * 2000 / runs).pvalue < 1e-6
 
 
 def _one_cell_quartiles(reps=20):
@@ -68,6 +113,6 @@ def test_quartiles_of_one_cell_stay_in_the_cell(monkeypatch):
     assert np.all(_one_cell_quartiles() < width)
     from dpq_spark.core.quantiles import batch
 
-    monkeypatch.setattr(batch, "spread_in_cells",
-                        functools.partial(coarse_spread.spread_in_cells, bits=0))
+    monkeypatch.setattr(batch, "spread_groups",
+                        functools.partial(coarse_spread.spread_groups, bits=0))
     assert np.max(_one_cell_quartiles()) > 1e6
