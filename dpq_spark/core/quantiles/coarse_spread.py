@@ -13,9 +13,13 @@ over everything between ``v`` and a bound.
 to a uniform one of the ``2**SUB_CELL_BITS`` equal sub-cells of ``C`` and represents it by that
 sub-cell's midpoint grid index (the counts per sub-cell are a multinomial, drawn exactly by
 :func:`~dpq_spark.core.randomness.samplers.uniform_split`). A tied block of ``t`` rows becomes up to 16
-blocks of about ``t / 16``, so the splits of a recursion of up to 15 quantiles fall inside the
-cell and every released quantile of that block lies in its cell (within ``2**-20`` of the
-bounds' span on the default grid). A row moves by less than one cell, as before (half a cell).
+blocks of about ``t / 16``, so the splits of the recursion fall inside the cell and its
+sub-problems keep rows. A row moves by less than one cell (``2**-20`` of the bounds' span on the
+default grid), where the cell's middle moved it by half a cell. What remains is ApproxQuantiles'
+own weakness on concentrated data in wide bounds: a last sub-problem of few rows, next to a wide
+empty range, may release into that range. For 1,000 timestamps within 10 minutes in [0, 2e9],
+quartiles and 7 quantiles stayed in the cell in 100 of 100 seeded releases, but the outermost of
+15 quantiles left it in 89 (ApproxQuantiles on the raw values: in 100).
 
 Privacy: the map is applied to each row on its own, with randomness independent of everything
 else, so it costs nothing. For neighbours D and D' that differ in one row, fix the sub-cells of
