@@ -15,7 +15,9 @@ sub-cell's midpoint grid index (the counts per sub-cell are a multinomial, drawn
 :func:`~dpq_spark.core.randomness.samplers.uniform_split`). A tied block of ``t`` rows becomes up to 16
 blocks of about ``t / 16``, so the splits of the recursion fall inside the cell and its
 sub-problems keep rows. A row moves by less than one cell (``2**-20`` of the bounds' span on the
-default grid), where the cell's middle moved it by half a cell. What remains is ApproxQuantiles'
+default grid), where the cell's middle moved it by half a cell. The grid's last point, the
+upper bound, has a cell of its own on the default grid; its rows are spread over the cell below,
+as rows at the lower bound are over the first cell. What remains is ApproxQuantiles'
 own weakness on concentrated data in wide bounds: a last sub-problem of few rows, next to a wide
 empty range, may release into that range. For 1,000 timestamps within 10 minutes in [0, 2e9],
 quartiles and 7 quantiles stayed in the cell in 100 of 100 seeded releases, but the outermost of
@@ -55,14 +57,27 @@ def spread_in_cells(cells, counts, steps: int, shift: int, source, bits: int = S
     the sorted distinct grid indices and their rows. Needs ``shift >= bits``."""
     if shift < bits:
         raise ValueError(f"`shift` must be at least `bits` ({bits}), got {shift}")
-    cells = np.asarray(cells, dtype=np.int64)
+    cells = _below_the_top(np.asarray(cells, dtype=np.int64), steps, shift)
+    counts = np.asarray(counts, dtype=np.int64)
+    if cells.size > 1 and cells[-1] == cells[-2]:  # the top cell's rows joined the cell below
+        cells, counts = cells[:-1], np.append(counts[:-2], counts[-2:].sum())
     entry, part, w = uniform_split(source, counts, bits)
     width = 1 << (shift - bits)
     k = np.minimum((cells[entry] << shift) + part * width + width // 2, steps)
-    if k.size and k[-1] == steps:  # the cell N >> shift holds k = N alone: merge its sub-cells
+    if k.size and k[-1] == steps:  # a last cell cut short by the grid: merge its clamped points
         top = int(np.searchsorted(k, steps))
         k, w = np.append(k[:top], steps), np.append(w[:top], w[top:].sum())
     return k, w
+
+
+def _below_the_top(cells, steps: int, shift: int):
+    """Cells with the top cell ``steps >> shift`` moved one down when it holds the grid's last
+    point alone (``steps`` a multiple of ``2**shift``, as on the default grid): rows at the upper
+    bound are spread over the last full cell, as rows at the lower bound are over the first."""
+    top = steps >> shift
+    if top > 0 and steps % (1 << shift) == 0:
+        return np.where(cells == top, top - 1, cells)
+    return cells
 
 
 def spread_groups(k, counts, bounds, steps: int, shift: int, source, bits: int = SUB_CELL_BITS):
@@ -78,20 +93,21 @@ def spread_groups(k, counts, bounds, steps: int, shift: int, source, bits: int =
         raise ValueError(f"`shift` must be at least `bits` ({bits}), got {shift}")
     k = np.asarray(k, dtype=np.int64)
     bounds = np.asarray(bounds, dtype=np.int64)
-    cell = k >> shift
+    cell = _below_the_top(k >> shift, steps, shift)
     entry, part, w = uniform_split(source, counts, bits)
     width = 1 << (shift - bits)
     out = np.minimum((cell[entry] << shift) + part * width + width // 2, steps)
     first = np.searchsorted(entry, bounds)  # each group's outputs start here
-    # Entries that share a cell with a neighbour of their group (and the cell of k = N, whose
-    # sub-cells all clamp to N) give outputs out of order or equal: sort and merge those.
+    # Entries that share a cell with a neighbour of their group (and those of a last cell cut
+    # short by the grid, whose sub-cells clamp to N) give outputs out of order or equal: sort
+    # and merge those.
     shared = cell[1:] == cell[:-1]
     inner = bounds[1:-1]
     shared[inner[(inner > 0) & (inner < k.size)] - 1] = False
     mixed = np.zeros(k.size, dtype=bool)
     mixed[:-1] |= shared
     mixed[1:] |= shared
-    mixed |= cell == (steps >> shift)
+    mixed |= (cell << shift) + (1 << shift) - 1 > steps
     if not mixed.any():
         return out, w, first
     at = np.flatnonzero(mixed[entry])  # positions of the outputs to sort, in order

@@ -21,15 +21,15 @@ QUARTILES = np.array([0.25, 0.5, 0.75])
 
 
 def test_rows_stay_in_their_cell_at_sub_cell_midpoints():
-    cells = np.array([0, 5, 900, N >> COARSE_SHIFT])  # the last cell holds k = N alone
-    counts = np.array([1, 40, 100_000, 7])
+    top = N >> COARSE_SHIFT  # the last cell holds k = N alone: its rows join the cell below
+    cells = np.array([0, 5, 900, top - 1, top])
+    counts = np.array([1, 40, 100_000, 3, 7])
     k, w = spread_in_cells(cells, counts, N, COARSE_SHIFT, resolve_rng(np.random.default_rng(1)))
-    assert np.all(np.diff(k) > 0) and w.sum() == counts.sum()
+    assert np.all(np.diff(k) > 0) and w.sum() == counts.sum() and k[-1] < N
     cell = k >> COARSE_SHIFT
-    assert np.array_equal(np.bincount(np.searchsorted(cells, cell), weights=w), counts)
-    inside = k[cell < cells[-1]] & 4095
-    assert np.all(inside % 256 == 128)  # 16 sub-cells of 256 grid points, at their midpoints
-    assert np.sum(cell == 900) == 16 and k[-1] == N and w[-1] == 7  # the top cell: k = N
+    assert np.array_equal(np.bincount(np.searchsorted(cells, cell), weights=w), [1, 40, 100_000, 10])
+    assert np.all((k & 4095) % 256 == 128)  # 16 sub-cells of 256 grid points, at their midpoints
+    assert np.sum(cell == 900) == 16
 
 
 def test_groups_are_spread_each_in_their_own_cells():
@@ -44,12 +44,14 @@ def test_groups_are_spread_each_in_their_own_cells():
     for g in range(bounds.size - 1):
         ks, ws = out[first[g]:first[g + 1]], w[first[g]:first[g + 1]]
         assert np.all(np.diff(ks) > 0) and ws.sum() == counts[bounds[g]:bounds[g + 1]].sum()
-        for cell in np.unique(k[bounds[g]:bounds[g + 1]] >> COARSE_SHIFT):
+        own = np.minimum(k[bounds[g]:bounds[g + 1]] >> COARSE_SHIFT, (N >> COARSE_SHIFT) - 1)
+        for cell in np.unique(own):
             here = (ks >> COARSE_SHIFT) == cell
-            rows = counts[bounds[g]:bounds[g + 1]][(k[bounds[g]:bounds[g + 1]] >> COARSE_SHIFT) == cell]
-            assert ws[here].sum() == rows.sum()
+            assert ws[here].sum() == counts[bounds[g]:bounds[g + 1]][own == cell].sum()
     assert first[2] - first[1] == 0  # the empty group
-    assert out[first[4]:first[5]].tolist() == [N] and w[first[4]] == 9  # k = N: one point
+    at_top = out[first[4]:first[5]]  # k = N: its 9 rows in the last full cell, below N
+    assert np.all((at_top >> COARSE_SHIFT) == (N >> COARSE_SHIFT) - 1)
+    assert w[first[4]:first[5]].sum() == 9
     with pytest.raises(ValueError, match="`shift`"):
         spread_groups(k, counts, bounds, N, 2, resolve_rng(np.random.default_rng(2)))
 
@@ -88,6 +90,27 @@ def test_spread_groups_is_every_row_uniform_on_its_own():
     for part in np.random.default_rng(0).integers(0, 4, 2000):
         together[keys.index(tuple(3 * (np.arange(4) == part)))] += 1
     assert stats.chisquare(together, expected * 2000 / runs).pvalue < 1e-6
+
+
+def test_quartiles_of_rows_at_the_upper_bound_stay_below_it(monkeypatch):
+    """Every row clamped to the upper bound: the quartiles land within one cell below it,
+    spread over the last full cell as rows at the lower bound are over the first; with the
+    bound's own one-point cell (a single tie block) the first split leaves a side empty."""
+    from dpq_spark.core.quantiles import coarse_spread as cs
+
+    grid = Grid(-100.0, 100.0)
+    k, c = np.unique(grid.snap(np.full(1000, 500.0)), return_counts=True)
+
+    def worst():
+        return max(np.abs(release_many(FlatGroups(k, c, np.array([0, 1])), QUARTILES, epsilon=1.0,
+                                       lower=-100.0, upper=100.0, mechanism="approx_quantiles",
+                                       grid_indices=True, coarse_cells=True,
+                                       rng=np.random.default_rng(r)).values[0] - 100.0).max()
+                   for r in range(20))
+
+    assert worst() < 200.0 / 2**20
+    monkeypatch.setattr(cs, "_below_the_top", lambda cells, steps, shift: cells)
+    assert worst() > 1.0
 
 
 def _one_cell_quartiles(reps=20):
