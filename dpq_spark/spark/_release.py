@@ -4,8 +4,8 @@ This runs inside ``mapInArrow`` on the executors (streaming each partition's row
 :class:`~dpq_spark.spark._fold.Fold`) and on the driver when there is no grouping or a public key has no rows. With
 bounds, JointExp and IndExp get each group's indices on the core's default grid (exact, or for a
 partition past the fold budget the represented data of :mod:`dpq_spark.core.quantiles.coarse_bands`);
-ApproxQuantiles and AggTree get coarse cells (ApproxQuantiles each row at a random sub-cell of
-its cell, :mod:`dpq_spark.core.quantiles.coarse_spread`). For ``mechanism="auto"`` the noisy count and choice
+ApproxQuantiles and AggTree get coarse cells (ApproxQuantiles picked by auto for up to 2**20
+rows each row at a random sub-cell of its cell, :mod:`dpq_spark.core.quantiles.coarse_spread`). For ``mechanism="auto"`` the noisy count and choice
 come first (:func:`~dpq_spark.core.quantiles.choose.plan_auto`), so the fold knows which data a spilled
 group needs. It imports numpy and pyarrow only (pandas only for the driver's per-group frames),
 never pyspark or scipy, so that it pickles by reference and stays cheap to import in a Python
@@ -35,7 +35,7 @@ from dpq_spark.core.quantiles.coarse_bands import (
     reachable,
     represent,
 )
-from dpq_spark.core.quantiles.coarse_spread import spread_in_cells
+from dpq_spark.core.quantiles.coarse_spread import spread_in_cells, spreads
 from dpq_spark.core.randomness.grid import Grid, jitter_indices
 from dpq_spark.core.quantiles.ind_exp import ind_exp_indices
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
@@ -213,8 +213,9 @@ def coarse_shift(params: ReleaseParams) -> int:
 def _start_group(n: int, units, key_hash, params: ReleaseParams):
     """Partition selection, then the choice of mechanism, for one group (bounded path).
 
-    Returns ``(source, name, epsilon)`` for the mechanism step, or ``None`` when partition
-    selection drops the group. Draws in the order of the core: the selection noise, then (for
+    Returns ``(source, name, epsilon, n_used)`` for the mechanism step (``n_used``: auto's
+    public row count, None for a named mechanism), or ``None`` when partition selection drops
+    the group. Draws in the order of the core: the selection noise, then (for
     ``"auto"``) the noisy count of :func:`~dpq_spark.core.quantiles.choose.plan_auto`; the same source then
     feeds the mechanism."""
     source = resolve_rng(_group_rng(params, key_hash))
@@ -223,12 +224,12 @@ def _start_group(n: int, units, key_hash, params: ReleaseParams):
         if size + discrete_laplace(source, params.noise_scale) < params.threshold:
             return None
     if params.mechanism != "auto":
-        return source, params.mechanism, params.epsilon
+        return source, params.mechanism, params.epsilon, None
     grid_size = None if params.bounds_free else grid_points(params.lower, params.upper, params.granularity)
-    name, rest, _ = plan_auto(len(params.quantiles), n, epsilon=params.epsilon,
+    name, rest, n_used = plan_auto(len(params.quantiles), n, epsilon=params.epsilon,
                               neighboring=params.neighboring, source=source, grid_size=grid_size,
                               granularity=params.granularity)
-    return source, name, rest
+    return source, name, rest, n_used
 
 
 #: Mechanisms that get the group's grid indices (exact, or the represented data of a spilled
@@ -284,10 +285,11 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
 
 
 def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams,
-                shift: int = COARSE_SHIFT) -> np.ndarray:
+                shift: int = COARSE_SHIFT, n_used=None) -> np.ndarray:
     """A mechanism other than JointExp on coarse cells ``k >> shift``, each row at its cell's
     fixed representative grid point (a per-record map of public constants), or for
-    ApproxQuantiles on the default grid at a random sub-cell's midpoint
+    ApproxQuantiles on the default grid with auto's public row count ``n_used`` at most
+    ``SPREAD_MAX_ROWS`` at a random sub-cell's midpoint
     (:func:`~dpq_spark.core.quantiles.coarse_spread.spread_in_cells`, a per-record random map);
     on a declared grid the mechanism gets its ``granularity`` (:func:`coarse_shift`: shift 0 is
     the grid itself)."""
@@ -299,7 +301,7 @@ def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams,
         from dpq_spark.core.quantiles.mechanisms import get_base_mechanism
 
         mechanism = get_base_mechanism(name)
-    if name == "approx_quantiles" and params.granularity is None:
+    if spreads(name, params.granularity is not None, n_used):
         # each row at a random sub-cell of its cell: ApproxQuantiles' splits then divide a cell
         # that holds many rows instead of leaving one side empty (no privacy cost)
         k, counts = spread_in_cells(cells, counts, grid.steps, shift, source)
@@ -323,11 +325,12 @@ def release_fine(k, counts, units, key_hash, params: ReleaseParams):
     started = _start_group(int(counts.sum()), units, key_hash, params)
     if started is None:
         return None
-    source, name, eps = started
+    source, name, eps, n_used = started
     if name in FINE_MECHANISMS:
         return _run_fine(name, k, counts, source, eps, params), name
     shift = coarse_shift(params)
-    return _run_coarse(name, *_to_coarse(k, counts, shift), source, eps, params, shift), name
+    return (_run_coarse(name, *_to_coarse(k, counts, shift), source, eps, params, shift, n_used),
+            name)
 
 
 def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
@@ -368,24 +371,26 @@ def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
         started = _start_group(int(ccounts.sum()), units_of(gid), hash_of(gid), params)
         if started is None:
             continue
-        source, name, eps = started
+        source, name, eps, n_used = started
         if name not in FINE_MECHANISMS and params.granularity is None:
-            out.append((gid, _run_coarse(name, cells, ccounts, source, eps, params), name))
+            out.append((gid, _run_coarse(name, cells, ccounts, source, eps, params,
+                                         n_used=n_used), name))
             continue
         # (on a declared grid every mechanism gets the group's grid data: band_keep keeps all)
         keep = band_keep(name, cells, ccounts, eps, params)
-        pending.append((gid, cells, ccounts, keep, source, eps, name))
+        pending.append((gid, cells, ccounts, keep, source, eps, name, n_used))
         wanted.append((gid << Fold._COARSE_SHIFT) + cells[keep])
     if pending:
         codes, fine = fold.fine_counts(np.sort(np.concatenate(wanted)))
         fgid = codes >> Fold.SHIFT
         together: dict[float, list] = {}  # production JointExp groups, by epsilon
-        for gid, cells, ccounts, keep, source, eps, name in pending:
+        for gid, cells, ccounts, keep, source, eps, name, n_used in pending:
             a, b = np.searchsorted(fgid, [gid, gid + 1])
             k, w = represent(codes[a:b] - (gid << Fold.SHIFT), fine[a:b], cells, ccounts, keep)
             if name not in FINE_MECHANISMS:  # a declared grid (above)
                 shift = coarse_shift(params)
-                values = _run_coarse(name, *_to_coarse(k, w, shift), source, eps, params, shift)
+                values = _run_coarse(name, *_to_coarse(k, w, shift), source, eps, params, shift,
+                                     n_used)
                 out.append((gid, values, name))
                 continue
             if name == "joint_exp" and params.base_seed is None:

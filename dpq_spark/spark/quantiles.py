@@ -251,8 +251,9 @@ def dp_quantiles(
     edge: within total variation 2**-59 of the same mechanism on the grid data
     (:mod:`dpq_spark.core.quantiles.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
     (AggTree each row at its cell's middle grid point, within 4.8e-7 of the span;
-    ApproxQuantiles each row at a random one of its cell's 16 sub-cells, drawn per row, which
-    costs no privacy: :mod:`dpq_spark.core.quantiles.coarse_spread`). Ungrouped, Spark
+    ApproxQuantiles picked by ``"auto"`` for a group of at most 2**20 rows by its public
+    count each row at a random one of its cell's 16 sub-cells, drawn per row, which costs no
+    privacy: :mod:`dpq_spark.core.quantiles.coarse_spread`). Ungrouped, Spark
     counts rows per wider coarse cell of 65,536 grid points (at most 2**16 + 1 rows
     collected), the driver chooses, and a second job brings, for JointExp/IndExp, the grid
     indices of the reachable cells only, and for the other mechanisms the rows per 4,096-point
@@ -649,12 +650,12 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
         return pa.Table.from_pandas(out, preserve_index=False)
     g = req.granularity
     cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, GLOBAL_SHIFT, g))
-    source, name, eps = _release._start_group(int(counts.sum()), None, 0, params)
+    source, name, eps, n_used = _release._start_group(int(counts.sum()), None, 0, params)
     if name not in _release.FINE_MECHANISMS:
         # The choice was made from the noisy count: which pass 2 runs depends on it alone.
         shift = _release.coarse_shift(params)  # COARSE_SHIFT; on a declared grid, <= 2**20 cells
         cells, counts = _cell_counts(flow.coarse_counts(rows, req.lower, req.upper, shift, g))
-        values = _release._run_coarse(name, cells, counts, source, eps, params, shift)
+        values = _release._run_coarse(name, cells, counts, source, eps, params, shift, n_used)
     else:
         def band(fine):
             return _release.band_keep(name, cells, counts, eps, params, GLOBAL_SHIFT, fine)

@@ -19,7 +19,6 @@ from pyspark.sql import functions as F  # noqa: E402
 
 from dpq_spark import dp_quantiles  # noqa: E402
 from dpq_spark.core.quantiles import coarse_bands as cb  # noqa: E402
-from dpq_spark.core.quantiles.coarse_spread import spread_in_cells  # noqa: E402
 from dpq_spark.core import joint_exp  # noqa: E402
 from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
 from dpq_spark.core.quantiles.choose import auto  # noqa: E402
@@ -283,9 +282,9 @@ def _global_represented(x, q, c, grid=GRID, guess=lambda first: first):
 
 @pytest.mark.parametrize("budget", [_fold.FOLD_BUDGET, 8])
 def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
-    """ApproxQuantiles runs on the coarse cells, each row at a random sub-cell's midpoint (a
-    per-record random map), the same whether or not the fold spilled: the release is the core's
-    approx_quantiles on those points, the sub-cells and the mechanism drawn from the same seed."""
+    """ApproxQuantiles (and AggTree) run on the coarse cells' fixed representative grid points
+    (a per-record map of public constants), the same whether or not the fold spilled: the
+    release is the core's approx_quantiles on those points with the same seed."""
     from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles
 
     monkeypatch.setattr(_fold, "FOLD_BUDGET", budget)
@@ -298,10 +297,8 @@ def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
     rng_of, _ = _group_rngs(spark, 6, names)
     for name in names:
         cells, counts = np.unique(cb.coarse_of(GRID.snap(data[name])), return_counts=True)
-        source = resolve_rng(rng_of(name))  # the sub-cells first, then the mechanism
-        points, weights = spread_in_cells(cells, counts, GRID.steps, cb.COARSE_SHIFT, source)
-        want = approx_quantiles(GRID.value(points), Q, epsilon=1.0, lower=A, upper=B,
-                                counts=weights, rng=source)
+        want = approx_quantiles(GRID.value(cb.coarse_midpoints(cells)), Q, epsilon=1.0, lower=A,
+                                upper=B, counts=counts, rng=rng_of(name))
         np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want)
         assert set(out.loc[out["g"] == name, "mechanism"]) == {"approx_quantiles"}
 
@@ -310,9 +307,10 @@ def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
 def test_approx_quantiles_of_rows_in_one_cell_stay_in_the_cell(spark, seed):
     """``auto``'s quartiles of 1,000 rows (ApproxQuantiles here), grouped (production: the batch
     path; seeded: per group) and ungrouped: rows sharing one coarse cell are released inside
-    it, because each row sits at a random sub-cell of it. With every row at the cell's midpoint
-    (the data path before) the first split left a side empty and the quartiles of the
-    ``one_cell`` group came out 1e8 away."""
+    it, because each row sits at a random sub-cell of it (auto's public row count is below
+    SPREAD_MAX_ROWS). With every row at the cell's midpoint, which a named ApproxQuantiles still
+    gets, the first split leaves a side empty: the quartiles of the ``one_cell`` group come out
+    1e8 away."""
     quartiles = [0.25, 0.5, 0.75]
     data = grouped_data()
     rng = None if seed is None else np.random.default_rng(seed)
@@ -400,7 +398,7 @@ def test_global_release_is_the_core_joint_exp_on_the_raw_values(spark, monkeypat
 def test_global_other_mechanisms_see_4096_point_cells(spark, mechanism):
     """Ungrouped ApproxQuantiles/AggTree get rows per cell ``k >> 12`` (a second pass after the
     choice), as on the grouped path: the release is the core mechanism on those cells'
-    midpoints (ApproxQuantiles: random sub-cells of them) with the same seed. For ApproxQuantiles it is not the one on the pass-1 cells
+    midpoints with the same seed. For ApproxQuantiles it is not the one on the pass-1 cells
     ``k >> 16`` (AggTree's 2**16 leaves put both inputs' points in the same leaves here)."""
     from dpq_spark.core.quantiles.mechanisms import get_mechanism
     from dpq_spark.spark import quantiles
@@ -414,13 +412,9 @@ def test_global_other_mechanisms_see_4096_point_cells(spark, mechanism):
 
     def core(shift):
         cells, counts = np.unique(cb.coarse_of(GRID.snap(x), shift), return_counts=True)
-        source = resolve_rng(np.random.default_rng([base, 0]))
-        if mechanism == "approx_quantiles":  # a random sub-cell per row, drawn first
-            points, weights = spread_in_cells(cells, counts, GRID.steps, shift, source)
-        else:
-            points, weights = cb.coarse_midpoints(cells, GRID.steps, shift), counts
-        return get_mechanism(mechanism)(GRID.value(points), Q, epsilon=1.0, lower=A, upper=B,
-                                        counts=weights, rng=source)
+        return get_mechanism(mechanism)(
+            GRID.value(cb.coarse_midpoints(cells, GRID.steps, shift)), Q, epsilon=1.0, lower=A,
+            upper=B, counts=counts, rng=np.random.default_rng([base, 0]))
 
     np.testing.assert_array_equal(got, core(cb.COARSE_SHIFT))
     if mechanism == "approx_quantiles":

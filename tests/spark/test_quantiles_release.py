@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from fractions import Fraction
 
@@ -315,14 +314,7 @@ def test_unseeded_fold_releases_groups_in_batches_with_the_per_group_data(monkey
     every mechanism puts each output in the one gap (or point) of its data whose rank fits, so
     the batch path must give JointExp/IndExp (and auto, which picks JointExp for 4 quantiles) the exact grid
     indices and ApproxQuantiles/AggTree the coarse cells, exactly as the seeded per-group path
-    (release_fine): the outputs' positions among the data each mechanism sees must agree.
-    ApproxQuantiles' random sub-cells are set to one per cell (its midpoint, bits=0) on both
-    paths, so that both see the same points."""
-    from dpq_spark.core.quantiles import batch as core_batch
-    from dpq_spark.core.quantiles.coarse_spread import spread_groups, spread_in_cells
-
-    monkeypatch.setattr(_release, "spread_in_cells", functools.partial(spread_in_cells, bits=0))
-    monkeypatch.setattr(core_batch, "spread_groups", functools.partial(spread_groups, bits=0))
+    (release_fine): the outputs' positions among the data each mechanism sees must agree."""
     gen = np.random.default_rng(4)
     groups = [np.sort(gen.choice(2**32 + 1, size, replace=False)) for size in (10, 20, 40, 300)]
     groups.append(np.sort(2**31 + gen.choice(3 * 4096, 50, replace=False)))  # 3 coarse cells
@@ -381,15 +373,12 @@ def test_unseeded_fold_on_a_declared_grid_releases_in_batches(monkeypatch, mecha
 
 @pytest.mark.parametrize("mechanism", ["approx_quantiles", "agg_tree"])
 def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
-    """coarse_cells=True feeds AggTree each row at its coarse cell's representative grid point
-    and ApproxQuantiles each row at a random sub-cell of its cell, as the per-group path does:
-    seeded (ApproxQuantiles: the sub-cells drawn first, from the same source) or at a huge
-    epsilon (AggTree), the same release as the core mechanism on those points, and not the one
-    on the exact indices."""
+    """coarse_cells=True feeds ApproxQuantiles/AggTree each row at its coarse cell's
+    representative grid point, as the per-group path does: seeded (ApproxQuantiles) or at a
+    huge epsilon (AggTree), the same release as the core mechanism on those points, and not
+    the one on the exact indices."""
     from dpq_spark.core import MECHANISMS
     from dpq_spark.core.quantiles.batch import release_many
-    from dpq_spark.core.quantiles.coarse_spread import spread_in_cells
-    from dpq_spark.core.randomness.source import resolve_rng
 
     gen = np.random.default_rng(8)
     # 80 rows in 80 distinct coarse cells: more than release_many's 64-point small path, so
@@ -405,14 +394,9 @@ def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
                            rng=np.random.default_rng(5))
         return out.values[0]
 
-    source = resolve_rng(np.random.default_rng(5))
-    cells, cell_counts = np.unique(coarse_of(k), return_counts=True)
-    if mechanism == "approx_quantiles":
-        points, weights = spread_in_cells(cells, cell_counts, GRID.steps, 12, source)
-    else:
-        points, weights = coarse_midpoints(cells, GRID.steps), cell_counts
-    core = MECHANISMS[mechanism](GRID.value(points), q, epsilon=eps, lower=0.0, upper=1.0,
-                                 counts=weights, rng=source)
+    core = MECHANISMS[mechanism](GRID.value(coarse_midpoints(coarse_of(k), GRID.steps)), q,
+                                 epsilon=eps, lower=0.0, upper=1.0, counts=counts,
+                                 rng=np.random.default_rng(5))
     assert np.array_equal(batch(True), np.asarray(core))
     if mechanism == "approx_quantiles":  # power: the exact indices give another release
         assert not np.array_equal(batch(False), np.asarray(core))

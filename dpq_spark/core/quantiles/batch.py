@@ -91,7 +91,7 @@ from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles._sorted_data import sort_data
 from dpq_spark.core.quantiles.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, grid_coarse_shift
-from dpq_spark.core.quantiles.coarse_spread import spread_groups
+from dpq_spark.core.quantiles.coarse_spread import spread_groups, spreads
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS, honaker_variances, leaf_index, node_variance
 from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
@@ -122,6 +122,8 @@ BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tre
                     *SIZED_TREES)
 #: The trees of fixed shape ``(branching, height)`` (the histogram is a one-level tree).
 _FIXED_TREES = {"histogram": (HISTOGRAM_BINS, 1), **SIZED_TREES}
+_SPREAD = "approx_quantiles (sub-cells)"  # a group's internal label in release_many only
+_SPREAD_ENTRIES = 1 << 17  # entries spread at a time: at most 2**21 points
 _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", *_FIXED_TREES)  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
@@ -203,10 +205,11 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         shift of :func:`~dpq_spark.core.quantiles.coarse_bands.grid_coarse_shift`: 12 on the
         default grid, 0 on a declared grid of fewer than 2**20 steps), a per-record map of
         public constants, as the Spark layer feeds those mechanisms; on the default grid
-        ApproxQuantiles instead gets each row at a random one of its cell's 16 sub-cells
+        ApproxQuantiles chosen by ``"auto"`` from a public row count of at most 2**20 instead
+        gets each row at a random one of its cell's 16 sub-cells
         (:mod:`~dpq_spark.core.quantiles.coarse_spread`, a per-record random map, no privacy
-        cost). JointExp and IndExp keep the exact indices. The choice is made after auto's
-        noisy count, per group.
+        cost; groups spread a chunk of ``_SPREAD_ENTRIES`` entries at a time). JointExp and
+        IndExp keep the exact indices. The choice is made after auto's noisy count, per group.
     granularity : float, optional
         The declared step of the grid (public: from the column's type or the user), finite and
         > 0, at most 2**32 steps between the bounds. Each group then gets exactly what the core
@@ -277,9 +280,10 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     cum = np.concatenate(([0], np.cumsum(counts)))
     n = cum[bounds[1:]] - cum[bounds[:-1]]  # private: used inside the mechanisms only
     if mechanism == "auto":
-        names, mech_eps = _auto_names(n, m, eps, relation, share, source, grid, granularity)
+        names, mech_eps, n_used = _auto_names(n, m, eps, relation, share, source, grid,
+                                              granularity)
     else:
-        names, mech_eps = [mechanism] * G, eps
+        names, mech_eps, n_used = [mechanism] * G, eps, None
     values = np.empty((G, m), dtype=np.float64)
     if G == 0:
         return BatchRelease(values, names)
@@ -287,12 +291,12 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         snapped = grid.snap(x)
     by_name: dict[str, list[int]] = {}
     for g, name in enumerate(names):
+        if (coarse_cells and n_used is not None
+                and spreads(name, granularity is not None, n_used[g])):
+            name = _SPREAD  # ApproxQuantiles on random sub-cells (coarse_spread)
         by_name.setdefault(name, []).append(g)
-    # on the default grid ApproxQuantiles gets random sub-cells (_spread), not the midpoints
-    spread = coarse_cells and grid.jitter == 1
     coarse_x = coarse_k = None
-    if coarse_cells and any(name in _COARSE_MECHANISMS and not (spread and name == "approx_quantiles")
-                            for name in by_name):
+    if coarse_cells and any(name in _COARSE_MECHANISMS for name in by_name):
         shift = grid_coarse_shift(grid.steps, granularity is not None)
         coarse_k = coarse_midpoints(coarse_of(snapped, shift), grid.steps, shift)
         coarse_x = grid.value(coarse_k)
@@ -306,13 +310,17 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             values[members] = _agg_trees(coarse_x if coarse else x, counts, bounds, n, members, q,
                                          mech_eps, grid, relation, *shape, source)
             continue
+        if name == _SPREAD:
+            # each row at a random sub-cell of its cell, as the Spark layer's per-group path
+            # (coarse_spread), a chunk of groups at a time (at most 16 points per entry)
+            for chunk in _chunks(bounds, members, _SPREAD_ENTRIES):
+                k, k_counts, k_bounds = _spread(snapped, counts, bounds, chunk, grid, source)
+                values[chunk] = grid.release(_approx_many(
+                    k, k_counts, k_bounds, np.arange(chunk.size), q, mech_eps, relation,
+                    grid.fine_size - 1, source))
+            continue
         k, k_counts, k_bounds, rows = coarse_k if coarse else snapped, counts, bounds, members
-        if spread and name == "approx_quantiles":
-            # the default grid: each row at a random sub-cell of its cell, as the Spark layer's
-            # per-group path (coarse_spread); a declared grid jitters below instead
-            k, k_counts, k_bounds = _spread(snapped, counts, bounds, members, grid, source)
-            rows = np.arange(members.size)
-        elif grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
+        if grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
             k, k_counts, k_bounds = _jittered(k, counts, bounds, members, grid, source)
             rows = np.arange(members.size)
         run = {"joint_exp": _joint_exps, "approx_quantiles": _approx_many,
@@ -321,6 +329,20 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         values[members] = grid.release(run(k, k_counts, k_bounds, rows, q, mech_eps, relation,
                                            size, source))
     return BatchRelease(values, names)
+
+
+def _chunks(bounds, members, entries: int):
+    """``members`` cut into consecutive runs holding at most ``entries`` entries each (a run of
+    one group when that group alone holds more): a bound on memory, changing no distribution."""
+    sizes = bounds[members + 1] - bounds[members]
+    start, total = 0, 0
+    for i, size in enumerate(sizes.tolist()):
+        if total and total + size > entries:
+            yield members[start:i]
+            start, total = i, 0
+        total += size
+    if start < members.size:
+        yield members[start:]
 
 
 def _spread(k, counts, bounds, members, grid: Grid, source):
@@ -412,7 +434,7 @@ def _auto_names(n, m, eps, relation, share, source, grid: Grid, granularity):
         n_used, rest = np.maximum(noisy, 0), (1.0 - share) * eps
     choice = {int(v): choose_mechanism(m, n=float(v), epsilon=rest, grid_size=grid.size,
                                        granularity=granularity) for v in np.unique(n_used)}
-    return [choice[int(v)] for v in n_used], rest
+    return [choice[int(v)] for v in n_used], rest, n_used
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,17 @@ empty range, may release into that range. For 1,000 timestamps within 10 minutes
 quartiles and 7 quantiles stayed in the cell in 100 of 100 seeded releases, but the outermost of
 15 quantiles left it in 89 (ApproxQuantiles on the raw values: in 100).
 
+When it applies: only to a release whose ``auto`` counted its rows publicly (the noisy count
+under add/remove, the public n under swap) at most ``SPREAD_MAX_ROWS`` = 2**20
+(:func:`spreads`). A group holds at most 16 points per non-empty cell and never more points
+than rows, so the spread then costs about what a group of 2**20 cells costs with the cells'
+middles. Larger groups, and ApproxQuantiles asked for by name (no public count), keep every row
+at its cell's middle: spread over many cells they would otherwise hold up to 16 times as many
+points (2**24 for one group, 3 GiB in ApproxQuantiles). For them a cell holding the whole group
+needs bounds about a million times wider than the data, but a large block of ties (most rows
+on one value) still splits badly: give the column's ``granularity``. The choice depends on the
+noisy count, a differentially private output, or under swap on the public n: post-processing.
+
 Privacy: the map is applied to each row on its own, with randomness independent of everything
 else, so it costs nothing. For neighbours D and D' that differ in one row, fix the sub-cells of
 the shared rows: the two represented data sets are neighbours, so the mechanism's inequality
@@ -40,12 +51,22 @@ import numpy as np
 
 from dpq_spark.core.randomness.samplers import uniform_split
 
-__all__ = ["SUB_CELL_BITS", "spread_in_cells", "spread_groups"]
+__all__ = ["SUB_CELL_BITS", "SPREAD_MAX_ROWS", "spreads", "spread_in_cells", "spread_groups"]
 
 #: Each coarse cell is cut into ``2**SUB_CELL_BITS`` = 16 sub-cells: enough for the splits of
 #: ApproxQuantiles' recursion over 15 quantiles to stay inside one tied cell, while a group
 #: still has at most 16 points per non-empty cell.
 SUB_CELL_BITS = 4
+#: The largest public row count (auto's) of a group whose rows are spread (module docstring).
+SPREAD_MAX_ROWS = 1 << 20
+
+
+def spreads(name: str, declared: bool, n_used) -> bool:
+    """Whether a group's rows go to random sub-cells: ApproxQuantiles on the default grid
+    (``declared`` False) with a public row count ``n_used`` (auto's; None when the mechanism was
+    named) of at most ``SPREAD_MAX_ROWS``. Public: a function of public quantities only."""
+    return (name == "approx_quantiles" and not declared and n_used is not None
+            and int(n_used) <= SPREAD_MAX_ROWS)
 
 
 def spread_in_cells(cells, counts, steps: int, shift: int, source, bits: int = SUB_CELL_BITS):

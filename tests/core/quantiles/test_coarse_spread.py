@@ -102,37 +102,39 @@ def test_quartiles_of_rows_at_the_upper_bound_stay_below_it(monkeypatch):
     k, c = np.unique(grid.snap(np.full(1000, 500.0)), return_counts=True)
 
     def worst():
-        return max(np.abs(release_many(FlatGroups(k, c, np.array([0, 1])), QUARTILES, epsilon=1.0,
-                                       lower=-100.0, upper=100.0, mechanism="approx_quantiles",
-                                       grid_indices=True, coarse_cells=True,
-                                       rng=np.random.default_rng(r)).values[0] - 100.0).max()
-                   for r in range(20))
+        out = [release_many(FlatGroups(k, c, np.array([0, 1])), QUARTILES, epsilon=1.0,
+                            lower=-100.0, upper=100.0, mechanism="auto", grid_indices=True,
+                            coarse_cells=True, rng=np.random.default_rng(r)) for r in range(20)]
+        assert all(o.mechanisms == ["approx_quantiles"] for o in out)
+        return max(np.abs(o.values[0] - 100.0).max() for o in out)
 
     assert worst() < 200.0 / 2**20
     monkeypatch.setattr(cs, "_below_the_top", lambda cells, steps, shift: cells)
     assert worst() > 1.0
 
 
-def _one_cell_quartiles(reps=20):
+def _one_cell_quartiles(reps=20, groups=1):
     """Quartiles of 1,000 values inside one coarse cell (10 minutes of a 60-year span), by
-    ApproxQuantiles on coarse cells, as the Spark path feeds it."""
+    ``auto`` (ApproxQuantiles here) on coarse cells, as the Spark path feeds it: the largest
+    error of each release, over ``groups`` copies of the group in one call."""
     grid = Grid(0.0, 2e9)
     left = grid.value(np.array([891_000 << COARSE_SHIFT]))[0]
     x = left + np.random.default_rng(0).uniform(0, 600, 1000)
     k, c = np.unique(grid.snap(x), return_counts=True)
+    flat = FlatGroups(np.tile(k, groups), np.tile(c, groups), np.arange(groups + 1) * k.size)
     errors = []
     for r in range(reps):
-        out = release_many(FlatGroups(k, c, np.array([0, k.size])), QUARTILES, epsilon=1.0,
-                           lower=0.0, upper=2e9, mechanism="approx_quantiles",
+        out = release_many(flat, QUARTILES, epsilon=1.0, lower=0.0, upper=2e9, mechanism="auto",
                            grid_indices=True, coarse_cells=True, rng=np.random.default_rng(r))
-        errors.append(np.abs(out.values[0] - np.quantile(x, QUARTILES)).max())
+        assert set(out.mechanisms) == {"approx_quantiles"}
+        errors.append(np.abs(out.values - np.quantile(x, QUARTILES)).max())
     return np.array(errors)
 
 
 def test_quartiles_of_one_cell_stay_in_the_cell(monkeypatch):
     """Every quartile lands within a cell width (about 1,900 of 2e9) of the true one; with one
-    sub-cell (each cell at one point, what this replaced) the first split leaves a side empty
-    and errors reach hundreds of millions."""
+    sub-cell (each cell at one point) the first split leaves a side empty and errors reach
+    hundreds of millions."""
     width = 2e9 / 2**20
     assert np.all(_one_cell_quartiles() < width)
     from dpq_spark.core.quantiles import batch
@@ -140,6 +142,23 @@ def test_quartiles_of_one_cell_stay_in_the_cell(monkeypatch):
     monkeypatch.setattr(batch, "spread_groups",
                         functools.partial(coarse_spread.spread_groups, bits=0))
     assert np.max(_one_cell_quartiles()) > 1e6
+
+
+def test_spread_only_with_a_public_count_of_at_most_2_to_the_20(monkeypatch):
+    """A named ApproxQuantiles (no public row count) and an auto count above SPREAD_MAX_ROWS
+    (lowered here) keep the cells' middles, so such a group fails as before; many groups are
+    spread a chunk at a time (chunks of 3 entries here) with the same accuracy."""
+    from dpq_spark.core.quantiles import batch
+
+    assert not coarse_spread.spreads("approx_quantiles", False, None)
+    assert not coarse_spread.spreads("approx_quantiles", True, 10)
+    assert not coarse_spread.spreads("joint_exp", False, 10)
+    assert coarse_spread.spreads("approx_quantiles", False, coarse_spread.SPREAD_MAX_ROWS)
+    assert not coarse_spread.spreads("approx_quantiles", False, coarse_spread.SPREAD_MAX_ROWS + 1)
+    monkeypatch.setattr(batch, "_SPREAD_ENTRIES", 3)
+    assert np.all(_one_cell_quartiles(reps=5, groups=4) < 2e9 / 2**20)
+    monkeypatch.setattr(coarse_spread, "SPREAD_MAX_ROWS", 500)  # below the noisy 1,000
+    assert np.max(_one_cell_quartiles(reps=5)) > 1e6
 
 
 # ------------------------------------------------------------------------------- privacy
