@@ -75,19 +75,11 @@ def spread_in_cells(cells, counts, steps: int, shift: int, source, bits: int = S
     (at most ``steps``, the grid's last index).
 
     ``cells``: sorted distinct coarse cells; ``counts``: their rows. Returns ``(k, counts)``,
-    the sorted distinct grid indices and their rows. Needs ``shift >= bits``."""
-    if shift < bits:
-        raise ValueError(f"`shift` must be at least `bits` ({bits}), got {shift}")
-    cells = _below_the_top(np.asarray(cells, dtype=np.int64), steps, shift)
-    counts = np.asarray(counts, dtype=np.int64)
-    if cells.size > 1 and cells[-1] == cells[-2]:  # the top cell's rows joined the cell below
-        cells, counts = cells[:-1], np.append(counts[:-2], counts[-2:].sum())
-    entry, part, w = uniform_split(source, counts, bits)
-    width = 1 << (shift - bits)
-    k = np.minimum((cells[entry] << shift) + part * width + width // 2, steps)
-    if k.size and k[-1] == steps:  # a last cell cut short by the grid: merge its clamped points
-        top = int(np.searchsorted(k, steps))
-        k, w = np.append(k[:top], steps), np.append(w[:top], w[top:].sum())
+    the sorted distinct grid indices and their rows. Needs ``shift >= bits``. One group of
+    :func:`spread_groups`, each cell given by its first grid index."""
+    cells = np.asarray(cells, dtype=np.int64)
+    k, w, _ = spread_groups(cells << shift, counts, np.array([0, cells.size]), steps, shift,
+                            source, bits)
     return k, w
 
 
