@@ -15,6 +15,7 @@ from dpq_spark.core.quantiles.coarse_bands import COARSE_SHIFT, FINE_STEPS
 from dpq_spark.core.quantiles.coarse_spread import spread_groups, spread_in_cells
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.randomness.source import resolve_rng
+from multinomial import composition_pvalue
 
 N = FINE_STEPS
 QUARTILES = np.array([0.25, 0.5, 0.75])
@@ -56,40 +57,20 @@ def test_groups_are_spread_each_in_their_own_cells():
         spread_groups(k, counts, bounds, N, 2, resolve_rng(np.random.default_rng(2)))
 
 
-def _compositions(rows, parts):
-    """Multinomial probabilities of every composition of ``rows`` into ``parts`` equal cells."""
-    from itertools import combinations_with_replacement
-    from math import factorial, prod
-
-    out = {}
-    for combo in combinations_with_replacement(range(parts), rows):
-        key = tuple(np.bincount(combo, minlength=parts))
-        out[key] = factorial(rows) / prod(factorial(a) for a in key) / parts**rows
-    return out
-
-
 def test_spread_groups_is_every_row_uniform_on_its_own():
     """3 rows of one cell in three entries (cells of 4 grid points, 4 sub-cells): the counts per
     sub-cell are the multinomial of independent rows, as spread_in_cells gives the cell's 3
     rows at once; power: the test rejects the three rows moving together."""
-    from scipy import stats
-
     source = resolve_rng(np.random.default_rng(5))
-    pmf = _compositions(3, 4)
-    keys = list(pmf)
-    seen = np.zeros(len(keys))
     runs = 12_000
-    for _ in range(runs):
+    got = np.zeros((runs, 4), dtype=np.int64)
+    for r in range(runs):
         out, w, _ = spread_groups([4, 5, 6], [1, 1, 1], [0, 3], 64, 2, source, bits=2)
-        row = np.zeros(4, dtype=np.int64)
-        row[out - 4] = w
-        seen[keys.index(tuple(row))] += 1
-    expected = np.array([pmf[key] for key in keys]) * runs
-    assert stats.chisquare(seen, expected).pvalue > 1e-3
-    together = np.zeros(len(keys))
-    for part in np.random.default_rng(0).integers(0, 4, 2000):
-        together[keys.index(tuple(3 * (np.arange(4) == part)))] += 1
-    assert stats.chisquare(together, expected * 2000 / runs).pvalue < 1e-6
+        got[r, out - 4] = w
+    assert composition_pvalue(got, 3, 4) > 1e-3
+    together = np.zeros((2000, 4), dtype=np.int64)
+    together[np.arange(2000), np.random.default_rng(0).integers(0, 4, 2000)] = 3
+    assert composition_pvalue(together, 3, 4) < 1e-6
 
 
 def test_quartiles_of_rows_at_the_upper_bound_stay_below_it(monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from dpq_spark.core.randomness import samplers as S
+from multinomial import composition_pvalue
 from dpq_spark.core.randomness.source import resolve_rng
 
 
@@ -416,23 +417,6 @@ def test_binomial_half_is_the_same_draws_in_chunks(monkeypatch):
     assert np.all((whole >= 0) & (whole <= counts)) and whole[0] == whole[3] == whole[7] == 0
 
 
-def _composition_pvalue(rows_of_draws, count, parts):
-    """Chi-square of the observed part counts of one entry of ``count`` rows against the
-    multinomial with ``parts`` equal cells."""
-    from itertools import combinations_with_replacement
-
-    outcomes = {}
-    for combo in combinations_with_replacement(range(parts), count):
-        key = tuple(np.bincount(combo, minlength=parts))
-        outcomes[key] = math.factorial(count) / math.prod(math.factorial(a) for a in key) / parts**count
-    keys = list(outcomes)
-    seen = np.zeros(len(keys))
-    for row in rows_of_draws:
-        seen[keys.index(tuple(row))] += 1
-    expected = np.array([outcomes[k] for k in keys]) * len(rows_of_draws)
-    return stats.chisquare(seen, expected).pvalue
-
-
 def test_uniform_split_is_the_multinomial_of_independent_rows():
     """3 rows into 4 parts: the 20 compositions at their multinomial probabilities; power: the
     same test rejects rows that move together (one uniform part for all three)."""
@@ -443,10 +427,10 @@ def test_uniform_split_is_the_multinomial_of_independent_rows():
         entry, part, w = S.uniform_split(src, [0, 3], 2)
         assert np.all(entry == 1) and np.all(np.diff(part) > 0) and w.sum() == 3
         got[r, part] = w
-    assert _composition_pvalue(got, 3, 4) > 1e-3
+    assert composition_pvalue(got, 3, 4) > 1e-3
     together = np.zeros((2000, 4), dtype=np.int64)
     together[np.arange(2000), np.random.default_rng(0).integers(0, 4, 2000)] = 3
-    assert _composition_pvalue(together, 3, 4) < 1e-6
+    assert composition_pvalue(together, 3, 4) < 1e-6
 
 
 def test_uniform_split_keeps_every_row_and_order():
