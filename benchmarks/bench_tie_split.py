@@ -5,8 +5,10 @@ Usage::
     .venv/bin/python benchmarks/bench_tie_split.py            # the whole grid (about 2 minutes)
     .venv/bin/python benchmarks/bench_tie_split.py --quick    # a smoke run
 
-A design study, not the shipped behaviour. On the default grid (``Grid(lower, upper)``, 2**32
-steps) JointExp and IndExp see a tied value as one grid point at its mid-rank. A double column
+The design study behind ``Grid.tie_bits``: the shipped default grid splits every point into
+``2**8`` fine points (``b = 8`` below), the size this table picked; ``bench_ties.py`` measures
+the shipped path through the public functions. On the grid itself (``b = 0``) JointExp and
+IndExp see a tied value as one grid point at its mid-rank. A double column
 with a block of ties (80% zeros, values clamped at a bound, whole numbers stored as doubles)
 then releases quantiles near the block's edges into the gap beside it, which can be as wide as
 the bounds. A declared ``granularity`` cures this with a per-row jitter on a fine grid, at a
@@ -20,7 +22,7 @@ most ``min(t, 2**b)`` entries), the mechanism runs on the ``(N + 1) 2**b`` fine 
 output is rounded back with ``f >> b``. The split is a per-record random map (no privacy cost,
 the argument of the jitter in :mod:`dpq_spark.core.randomness.grid`), and the rounding is
 post-processing, so the release stays on the default grid with no extra error on continuous
-data. ``b = 0`` is today's mechanism.
+data. ``b = 0`` is the mechanism on the grid itself.
 
 Each row prints, for one data set, epsilon and mechanism, the mean absolute error of deciles
 against the clamped data's true deciles (``inverted_cdf``) over ``--reps`` seeded releases, for

@@ -3,7 +3,9 @@
 This runs inside ``mapInArrow`` on the executors (streaming each partition's rows through a
 :class:`~dpq_spark.spark._fold.Fold`) and on the driver when there is no grouping or a public key has no rows. With
 bounds, JointExp and IndExp get each group's indices on the core's default grid (exact, or for a
-partition past the fold budget the represented data of :mod:`dpq_spark.core.quantiles.coarse_bands`);
+partition past the fold budget the represented data of :mod:`dpq_spark.core.quantiles.coarse_bands`),
+its rows split over each grid point's fine points as the core splits them
+(:func:`~dpq_spark.core.randomness.grid.split_ties`);
 ApproxQuantiles and AggTree get coarse cells (ApproxQuantiles picked by auto for up to 2**20
 rows each row at a random sub-cell of its cell, :mod:`dpq_spark.core.quantiles.coarse_spread`). For ``mechanism="auto"`` the noisy count and choice
 come first (:func:`~dpq_spark.core.quantiles.choose.plan_auto`), so the fold knows which data a spilled
@@ -32,18 +34,14 @@ from dpq_spark.core.quantiles.coarse_bands import (
     coarse_midpoints,
     coarse_of,
     grid_coarse_shift,
-    reachable,
+    mechanism_band,
     represent,
 )
 from dpq_spark.core.quantiles.coarse_spread import spread_in_cells, spreads
-from dpq_spark.core.randomness.grid import Grid, jitter_indices
+from dpq_spark.core.randomness.grid import Grid, jitter_indices, split_ties
+from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles_indices
 from dpq_spark.core.quantiles.ind_exp import ind_exp_indices
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
-from dpq_spark.core.accounting.neighboring import (
-    NeighboringRelation,
-    joint_exp_sensitivity,
-    single_quantile_sensitivity,
-)
 from dpq_spark.spark._buckets import bucket_values
 from dpq_spark.spark._columns import CELL, COUNT, GID, KEY_HASH, MECHANISM, UNITS
 from dpq_spark.spark._heap import trim_heap
@@ -237,10 +235,19 @@ def _start_group(n: int, units, key_hash, params: ReleaseParams):
 FINE_MECHANISMS = ("joint_exp", "ind_exp")
 
 
-def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.ndarray:
-    """JointExp or IndExp on grid indices (exact or represented data), released as grid
-    values: the same draws as the core's ``joint_exp``/``ind_exp`` on values with these
-    indices."""
+def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams, whole=None) -> np.ndarray:
+    """JointExp or IndExp on a group's sorted distinct grid indices (exact, or represented data
+    whose pruned cells' entries ``whole`` marks), released as grid values: the same draws as
+    the core's ``joint_exp``/``ind_exp`` on values with these indices (with represented data,
+    on those).
+
+    On the default grid the rows are split over fine points as the core splits them
+    (:func:`~dpq_spark.core.randomness.grid.split_ties`). When that would make more than
+    ``SPLIT_MAX_ENTRIES`` entries (many indices with many tied rows each), only the indices
+    inside the mechanism's band are split (``Grid.unsplit``, the core's rule; each grid point a
+    cell of its fine points), the others kept whole: the release is then within total variation
+    2**-59 of splitting them all, as for a spilled group, so this size-dependent branch reveals
+    nothing beyond that ``delta``."""
     grid = _grid(params)
     run = joint_exp_indices if name == "joint_exp" else ind_exp_indices
     q = np.asarray(params.quantiles, dtype=np.float64)
@@ -249,39 +256,47 @@ def _run_fine(name, k, counts, source, epsilon, params: ReleaseParams) -> np.nda
         out = run(f, None, grid.fine_size, q, epsilon=epsilon, neighboring=params.neighboring,
                   rng=source)
         return grid.release(out)
-    out = run(k, counts, grid.size, q, epsilon=epsilon, neighboring=params.neighboring,
+    counts = np.asarray(counts, dtype=np.int64)
+    if whole is None:  # exact data: the core's rule, same draws
+        whole = grid.unsplit(k, counts, functools.partial(
+            band_keep, name, epsilon=epsilon, params=params, shift=grid.tie_bits,
+            steps=grid.fine_size - 1))
+    f, w = split_ties(k, counts, grid.tie_bits, source, whole)
+    out = run(f, w, grid.fine_size, q, epsilon=epsilon, neighboring=params.neighboring,
               rng=source)
-    return grid.value(out)
+    return grid.release(out)
+
+
+def pruned_entries(k, cells, keep, shift: int = COARSE_SHIFT) -> np.ndarray:
+    """Mask over represented data ``k`` (:func:`~dpq_spark.core.quantiles.coarse_bands.represent`):
+    the entries of pruned cells (``cells[~keep]``, ``k >> shift``), which the tie split keeps
+    whole."""
+    return ~np.isin(np.asarray(k, dtype=np.int64) >> shift, np.asarray(cells)[keep])
 
 
 def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
-              shift: int = COARSE_SHIFT, fine=None, log_tol: float = BAND_LOG_TOL) -> np.ndarray:
+              shift: int = COARSE_SHIFT, fine=None, log_tol: float = BAND_LOG_TOL,
+              steps: int | None = None) -> np.ndarray:
     """The coarse cells (``k >> shift``) a spilled group must bring at full precision for
     mechanism ``name`` (``fine``: all the data of some cells, for a tighter band; ``log_tol``
-    larger than the default only for a guess; see
+    larger than the default only for a guess; ``steps``: the last index of the grid the cells
+    cut, the grid's N by default, the fine grid's for :func:`_run_fine`; see
     :func:`~dpq_spark.core.quantiles.coarse_bands.reachable`).
 
-    JointExp: :func:`~dpq_spark.core.quantiles.coarse_bands.reachable` at ``c = epsilon / (2 Delta)``.
-    IndExp: each quantile's draw is JointExp with m = 1 at half its ``c`` (weight
-    ``exp(-c_q |rho - q n|)`` with ``c_q = (epsilon / m) / (2 Delta_q)`` is ``exp(c u)`` for
-    ``u = -2 |rho - q n|``); the union of the m bands (keeping more cells only shrinks what is
-    pruned), so each draw is within total variation 2**-59 of its draw on the fine data.
+    A band computed in grid units also holds for the tie split's fine points: every grid point
+    becomes ``2**b`` fine points, which multiplies the box sizes of the lower bound by
+    ``2**(b m)`` and the count of pruned tuples by at most as much, so the pruned cells still
+    carry at most ``2**-60`` of the mass (:mod:`~dpq_spark.core.quantiles.coarse_bands`).
+
+    The band of :func:`~dpq_spark.core.quantiles.coarse_bands.mechanism_band` (JointExp, or the
+    union of IndExp's m single-quantile bands).
     """
-    q = np.asarray(params.quantiles, dtype=np.float64)
-    relation = NeighboringRelation.parse(params.neighboring)
-    steps = _grid(params).steps
     if _grid(params).jitter > 1:
         # A declared grid: the mechanism runs on jittered fine indices, one per row, so pruning
         # saves no memory; every cell is kept and the release is the core's on the grid data.
         return np.ones(len(cells), dtype=bool)
-    if name == "joint_exp":
-        return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
-                         steps, log_tol, shift, fine)
-    keep = np.zeros(len(cells), dtype=bool)
-    for qj in q:
-        c = (epsilon / q.size) / (2.0 * single_quantile_sensitivity(float(qj), relation)) / 2.0
-        keep |= reachable(cells, counts, [qj], c, steps, log_tol, shift, fine)
-    return keep
+    return mechanism_band(name, cells, counts, params.quantiles, epsilon, params.neighboring,
+                          _grid(params).steps if steps is None else steps, shift, fine, log_tol)
 
 
 def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams,
@@ -307,9 +322,14 @@ def _run_coarse(name, cells, counts, source, epsilon, params: ReleaseParams,
         k, counts = spread_in_cells(cells, counts, grid.steps, shift, source)
     else:
         k = coarse_midpoints(cells, grid.steps, shift)
-    out = mechanism(grid.value(k), np.asarray(params.quantiles, dtype=np.float64), epsilon=epsilon,
-                    lower=params.lower, upper=params.upper, neighboring=params.neighboring,
-                    counts=counts, rng=source, **extra)
+    q = np.asarray(params.quantiles, dtype=np.float64)
+    if name == "approx_quantiles" and grid.tie_bits:
+        # the default grid: the recursion on the cells' points as they are (the sub-cells are
+        # this path's split of ties; fine points per row would cost up to 2**8 entries a cell)
+        return grid.value(approx_quantiles_indices(k, counts, grid.size, q, epsilon=epsilon,
+                                                   neighboring=params.neighboring, rng=source))
+    out = mechanism(grid.value(k), q, epsilon=epsilon, lower=params.lower, upper=params.upper,
+                    neighboring=params.neighboring, counts=counts, rng=source, **extra)
     return np.asarray(out, dtype=np.float64)
 
 
@@ -393,25 +413,32 @@ def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
                                      n_used)
                 out.append((gid, values, name))
                 continue
+            whole = pruned_entries(k, cells, keep)
             if name == "joint_exp" and params.base_seed is None:
-                together.setdefault(eps, []).append((gid, k, w))
+                together.setdefault(eps, []).append((gid, k, w, whole))
                 continue
-            out.append((gid, _run_fine(name, k, w, source, eps, params), name))
+            out.append((gid, _run_fine(name, k, w, source, eps, params, whole), name))
         for eps, groups in together.items():
-            values = _joint_exp_many([(k, w) for _, k, w in groups], eps, params)
-            out += [(gid, row, "joint_exp") for (gid, _, _), row in zip(groups, values)]
+            values = _joint_exp_many([g[1:] for g in groups], eps, params)
+            out += [(g[0], row, "joint_exp") for g, row in zip(groups, values)]
         out.sort(key=lambda t: t[0])
     return out
 
 
 def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
-    """JointExp for many groups (grid indices and counts each) with fresh OS entropy, by
+    """JointExp for many groups of represented data (grid indices, counts and the mask of
+    pruned cells' entries each) with fresh OS entropy, by
     :func:`~dpq_spark.core.quantiles.batch.release_many` (its ``"joint_exp"`` path: enumeration for the
     smallest groups, :func:`~dpq_spark.core.quantiles.joint_exp_many._sample_many` about ``CELLS_HELD``
     cells at a time for the others): each group's row has the distribution :func:`_run_fine`
     gives it, released as grid values. Production randomness only; seeded runs keep
     :func:`_run_fine` per group (per-key draws)."""
-    return release_many(groups, params.quantiles, epsilon=epsilon, lower=params.lower,
+    sizes = [len(k) for k, _, _ in groups]
+    flat = FlatGroups(np.concatenate([k for k, _, _ in groups]).astype(np.int64),
+                      np.concatenate([w for _, w, _ in groups]).astype(np.int64),
+                      np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
+                      np.concatenate([p for _, _, p in groups]).astype(bool))
+    return release_many(flat, params.quantiles, epsilon=epsilon, lower=params.lower,
                         upper=params.upper, neighboring=params.neighboring,
                         mechanism="joint_exp", grid_indices=True,
                         granularity=params.granularity).values

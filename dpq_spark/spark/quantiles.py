@@ -243,13 +243,15 @@ def dp_quantiles(
     never pandas) and ``k``. Python folds each partition into counts per distinct (group, k), so
     it never holds raw rows. While the partition's distinct pairs stay within a budget (2**21
     pairs) every group gets its exact grid data, and JointExp and IndExp release exactly what
-    the core's ``joint_exp``/``ind_exp`` release on the raw values. Past the budget the
+    the core's ``joint_exp``/``ind_exp`` release on the raw values (both split each grid
+    point's rows over its 256 fine points, so that quantiles inside a block of tied doubles
+    come out as the tied value: ``Grid.tie_bits``). Past the budget the
     partition spills its pairs to a local temporary file and keeps counts per (group, coarse
     cell of 4,096 grid points), at most 2**20 + 1 per group however many rows it has; after the
     noisy count and choice of each group, JointExp (IndExp) gets the exact ``k`` of the coarse
-    cells it can reach, read back from the file, and each other cell's rows at the cell's left
-    edge: within total variation 2**-59 of the same mechanism on the grid data
-    (:mod:`dpq_spark.core.quantiles.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
+    cells it can reach, read back from the file (their rows split over fine points), and each
+    other cell's rows whole at the cell's left edge: within total variation 2**-59 of the same
+    mechanism on the grid data (:mod:`dpq_spark.core.quantiles.coarse_bands`). ApproxQuantiles and AggTree always see coarse cells
     (AggTree each row at its cell's middle grid point, within 4.8e-7 of the span;
     ApproxQuantiles picked by ``"auto"`` for a group of at most 2**20 rows by its public
     count each row at a random one of its cell's 16 sub-cells, drawn per row, which costs no
@@ -687,7 +689,8 @@ def _release_global(req: QuantileRequest, params: ReleaseParams, rows: DataFrame
                                    guess_log_tol(len(params.quantiles)))
         keep, k, w = settle(band, fetch, first)
         k, w = represent(k, w, cells, counts, keep, shift=GLOBAL_SHIFT)
-        values = _release._run_fine(name, k, w, source, eps, params)
+        values = _release._run_fine(name, k, w, source, eps, params,
+                                    _release.pruned_entries(k, cells, keep, GLOBAL_SHIFT))
     m = len(params.quantiles)
     return pa.table({"quantile": pa.array(params.quantiles, type=pa.float64()),
                      "value": pa.array(values, type=pa.float64()),

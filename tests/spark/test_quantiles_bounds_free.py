@@ -77,8 +77,9 @@ def test_bounds_free_deciles_per_group(two_shapes):
                        groups=["normal", "income", "empty"], rng=np.random.default_rng(3)).toPandas()
     got = {g: part.sort_values("quantile")["value"].to_numpy() for g, part in out.groupby("g")}
     assert set(got) == {"normal", "income", "empty"} and all(len(v) == 9 for v in got.values())
-    # N(0, 5): deciles within 0.1 (under 1% of the 10%-90% spread of 12.8; seeded: 0.026)
-    assert np.max(np.abs(got["normal"] - _truth(data["normal"]))) < 0.1
+    # N(0, 5): deciles within 0.2 (under 2% of the 10%-90% spread of 12.8; the core's auto on
+    # these buckets, 300 seeds: median 0.06, 99.9th percentile 0.16 of the largest error)
+    assert np.max(np.abs(got["normal"] - _truth(data["normal"]))) < 0.2
     # log-normal incomes: within 3% of the true decile (seeded: 1.5%)
     assert np.max(np.abs(got["income"] / _truth(data["income"]) - 1.0)) < 0.03
     # no rows: too few for the bounds budget (the core's gate), so the group is flagged, values null

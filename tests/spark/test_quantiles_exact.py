@@ -22,7 +22,7 @@ from dpq_spark.core.quantiles import coarse_bands as cb  # noqa: E402
 from dpq_spark.core import joint_exp  # noqa: E402
 from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
 from dpq_spark.core.quantiles.choose import auto  # noqa: E402
-from dpq_spark.core.randomness.grid import Grid  # noqa: E402
+from dpq_spark.core.randomness.grid import Grid, split_ties  # noqa: E402
 from dpq_spark.spark._keys import key_seed  # noqa: E402
 from dpq_spark.core.quantiles.ind_exp import ind_exp, ind_exp_indices  # noqa: E402
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices  # noqa: E402
@@ -126,6 +126,19 @@ def test_auto_release_equals_core_auto_with_same_seed(spark):
             np.testing.assert_array_equal(part["value"].to_numpy(), np.asarray(want), err_msg=name)
 
 
+def _fine_release(run, k, w, q, rng, whole=None):
+    """What the fine path releases on a group's sorted distinct grid indices ``k``, ``w``: the
+    tie split of the default grid (``whole``: the represented data's pruned cells' entries, kept
+    whole), the index sampler on the fine grid, each output's grid point."""
+    source = resolve_rng(rng)
+    f, fw = split_ties(k, w, GRID.tie_bits, source, whole)
+    return GRID.value(run(f, fw, GRID.fine_size, q, epsilon=1.0, rng=source) >> GRID.tie_bits)
+
+
+def _pruned(k, cells, keep, shift):
+    return ~np.isin(cb.coarse_of(k, shift), cells[keep])
+
+
 def _represented(x, mechanism="joint_exp", shift=cb.COARSE_SHIFT):
     """The represented data of a spilled group (cells ``k >> shift``), computed here from the
     raw values (epsilon 1, add/remove, Q). IndExp's band: the union over quantiles of m = 1
@@ -141,7 +154,8 @@ def _represented(x, mechanism="joint_exp", shift=cb.COARSE_SHIFT):
             keep |= cb.reachable(cells, counts, [q], (1 / 3) / (2 * max(q, 1 - q)) / 2,
                                  GRID.steps, shift=shift)
     kept = np.isin(cb.coarse_of(fine_k, shift), cells[keep])
-    return cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep, shift), keep
+    k, w = cb.represent(fine_k[kept], fine_w[kept], cells, counts, keep, shift)
+    return (k, w), keep, _pruned(k, cells, keep, shift)
 
 
 @pytest.mark.parametrize("mechanism", ["joint_exp", "ind_exp"])
@@ -161,9 +175,9 @@ def test_spill_path_releases_core_on_represented_data(spark, monkeypatch, mechan
     pruned_somewhere = False
     for name in names:
         x = data.get(name, np.zeros(0))
-        (k, w), keep = _represented(x, mechanism)
+        (k, w), keep, whole = _represented(x, mechanism)
         pruned_somewhere |= not keep.all()
-        want = GRID.value(run(k, w, GRID.size, Q, epsilon=1.0, rng=rng_of(name)))
+        want = _fine_release(run, k, w, Q, rng_of(name), whole)
         np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want,
                                       err_msg=name)
     assert pruned_somewhere
@@ -195,7 +209,7 @@ def test_sorted_runs_release_the_core_on_each_groups_exact_data(spark, monkeypat
     rng_of, _ = _group_rngs(spark, 3, names)
     for name in names:
         k, w = np.unique(GRID.snap(data[name]), return_counts=True)
-        want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0, rng=rng_of(name)))
+        want = _fine_release(joint_exp_indices, k, w, Q, rng_of(name))
         np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want,
                                       err_msg=name)
 
@@ -236,11 +250,11 @@ def test_global_release_equals_core_on_represented_data(spark, monkeypatch, raw_
     out = dp_quantiles(df, "x", quantiles=Q, epsilon=1.0, lower=A, upper=B,
                        mechanism="joint_exp", rng=np.random.default_rng(3)).toPandas()
     _, base = _group_rngs(spark, 3, [])
-    (k, w), keep = _global_represented(x, Q, _C, guess=(lambda f: f) if first_guess else _one_cell)
+    (k, w), keep, whole = _global_represented(x, Q, _C, guess=(lambda f: f) if first_guess
+                                              else _one_cell)
     assert not keep.all()
     assert first_guess or (len(reads) >= 2 and sum(reads) == keep.sum())
-    want = GRID.value(joint_exp_indices(k, w, GRID.size, Q, epsilon=1.0,
-                                        rng=np.random.default_rng([base, 0])))
+    want = _fine_release(joint_exp_indices, k, w, Q, np.random.default_rng([base, 0]), whole)
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
     # a small global group keeps every cell: then auto's JointExp (4 quantiles at s = 1,000) is
     # the core on the raw values
@@ -277,15 +291,17 @@ def _global_represented(x, q, c, grid=GRID, guess=lambda first: first):
 
     first = guess(band(cb.spread_evenly(cells, counts, q, shift=shift), guess_log_tol(len(q))))
     keep, fk, fw = cb.settle(band, fetch, first)
-    return cb.represent(fk, fw, cells, counts, keep, shift), keep
+    rk, rw = cb.represent(fk, fw, cells, counts, keep, shift)
+    return (rk, rw), keep, _pruned(rk, cells, keep, shift)
 
 
 @pytest.mark.parametrize("budget", [_fold.FOLD_BUDGET, 8])
 def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
     """ApproxQuantiles (and AggTree) run on the coarse cells' fixed representative grid points
     (a per-record map of public constants), the same whether or not the fold spilled: the
-    release is the core's approx_quantiles on those points with the same seed."""
-    from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles
+    release is the core's recursion on those points as they are (no split into fine points:
+    the cells are this path's resolution) with the same seed."""
+    from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles_indices
 
     monkeypatch.setattr(_fold, "FOLD_BUDGET", budget)
     monkeypatch.setattr(_fold, "SPILL_SHRINK", 1.0)  # spill whatever the spread
@@ -297,8 +313,8 @@ def test_other_mechanisms_see_coarse_cells(spark, monkeypatch, budget):
     rng_of, _ = _group_rngs(spark, 6, names)
     for name in names:
         cells, counts = np.unique(cb.coarse_of(GRID.snap(data[name])), return_counts=True)
-        want = approx_quantiles(GRID.value(cb.coarse_midpoints(cells)), Q, epsilon=1.0, lower=A,
-                                upper=B, counts=counts, rng=rng_of(name))
+        want = GRID.value(approx_quantiles_indices(cb.coarse_midpoints(cells), counts, GRID.size,
+                                                   Q, epsilon=1.0, rng=rng_of(name)))
         np.testing.assert_array_equal(out.loc[out["g"] == name, "value"].to_numpy(), want)
         assert set(out.loc[out["g"] == name, "mechanism"]) == {"approx_quantiles"}
 
@@ -364,12 +380,30 @@ def _narrow_band(half):
     return band_keep
 
 
+@pytest.fixture
+def no_tie_split(monkeypatch):
+    """The default grid without its split of ties (TIE_BITS = 0: JointExp on the grid itself),
+    with the Spark layer's cached grids dropped before and after."""
+    from dpq_spark.core.randomness import grid as grid_module
+
+    _release._grid_of.cache_clear()
+    monkeypatch.setattr(grid_module, "TIE_BITS", 0)
+    yield
+    monkeypatch.undo()
+    _release._grid_of.cache_clear()
+
+
 @pytest.mark.parametrize("wrong", [False, True])
-def test_global_release_is_the_core_joint_exp_on_the_raw_values(spark, monkeypatch, wrong):
+def test_global_release_is_the_core_joint_exp_on_the_raw_values(spark, monkeypatch, wrong,
+                                                                no_tie_split):
     """No group_by, data over some 2,500 coarse cells of 65,536 grid points, the band prunes
     most of them: each seeded release equals the core's ``joint_exp`` on the raw values with
     the same generator (the pruned cells carry mass below 2**-60, so the draws line up). Power:
-    a band of +-10 ranks (too narrow: it prunes cells JointExp does reach) changes the draws."""
+    a band of +-10 ranks (too narrow: it prunes cells JointExp does reach) changes the draws.
+    The tie split is off here (on the driver, where this path samples): with it, the split
+    draws one part per entry, and the core splits the pruned cells' rows too, so the draws no
+    longer line up although the laws agree to 2**-59 (the split path is replayed on the
+    represented data by the tests above)."""
     from dpq_spark.spark import quantiles
 
     shift = quantiles.GLOBAL_SHIFT
@@ -400,6 +434,7 @@ def test_global_other_mechanisms_see_4096_point_cells(spark, mechanism):
     choice), as on the grouped path: the release is the core mechanism on those cells'
     midpoints with the same seed. For ApproxQuantiles it is not the one on the pass-1 cells
     ``k >> 16`` (AggTree's 2**16 leaves put both inputs' points in the same leaves here)."""
+    from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles_indices
     from dpq_spark.core.quantiles.mechanisms import get_mechanism
     from dpq_spark.spark import quantiles
 
@@ -412,9 +447,13 @@ def test_global_other_mechanisms_see_4096_point_cells(spark, mechanism):
 
     def core(shift):
         cells, counts = np.unique(cb.coarse_of(GRID.snap(x), shift), return_counts=True)
-        return get_mechanism(mechanism)(
-            GRID.value(cb.coarse_midpoints(cells, GRID.steps, shift)), Q, epsilon=1.0, lower=A,
-            upper=B, counts=counts, rng=np.random.default_rng([base, 0]))
+        points = cb.coarse_midpoints(cells, GRID.steps, shift)
+        rng = np.random.default_rng([base, 0])
+        if mechanism == "approx_quantiles":  # the recursion on the cells' points as they are
+            return GRID.value(approx_quantiles_indices(points, counts, GRID.size, Q, epsilon=1.0,
+                                                       rng=rng))
+        return get_mechanism(mechanism)(GRID.value(points), Q, epsilon=1.0, lower=A, upper=B,
+                                        counts=counts, rng=rng)
 
     np.testing.assert_array_equal(got, core(cb.COARSE_SHIFT))
     if mechanism == "approx_quantiles":
@@ -436,11 +475,10 @@ def test_global_many_kept_cells(spark, monkeypatch, isin_cells):
                        epsilon=1.0, lower=A, upper=B, mechanism="joint_exp",
                        rng=np.random.default_rng(4)).toPandas()
     _, base = _group_rngs(spark, 4, [])
-    (yk, yw), keep = _global_represented(x, q, 1.0 / (2 * 2 * (1 - 0.025)))
+    (yk, yw), keep, whole = _global_represented(x, q, 1.0 / (2 * 2 * (1 - 0.025)))
     runs = np.flatnonzero(np.diff(np.r_[0, keep.astype(np.int8), 0])).size // 2
     assert not keep.all() and runs >= 10
-    want = GRID.value(joint_exp_indices(yk, yw, GRID.size, q, epsilon=1.0,
-                                        rng=np.random.default_rng([base, 0])))
+    want = _fine_release(joint_exp_indices, yk, yw, q, np.random.default_rng([base, 0]), whole)
     np.testing.assert_array_equal(out["value"].to_numpy(), want)
 
 
@@ -474,3 +512,54 @@ def test_global_input_that_changes_between_passes_is_refused(spark):
     fixed = spark.range(20_000).select((F.rand(5) * 10).alias("x"))
     assert dp_quantiles(fixed, "x", quantiles=[0.5], epsilon=1.0, lower=0.0, upper=10.0,
                         mechanism="joint_exp").count() == 1
+
+
+def _zeros(n, seed):
+    gen = np.random.default_rng(seed)
+    return np.where(gen.random(n) < 0.8, 0.0, gen.integers(1, 101, n).astype(float))
+
+
+DECILES = [j / 10 for j in range(1, 10)]
+
+
+def test_tied_doubles_grouped_release_the_tied_value(spark):
+    """A double column that is 0 in 80% of the rows (no granularity: the default grid), grouped,
+    production randomness (the batched path) and seeded (per group): the deciles inside the
+    block of zeros come out as 0 in nearly every group, because JointExp splits the tie over
+    its grid point's fine points (without the split they land in the gaps beside it: the
+    ungrouped test below shows that, and the core's tests measure it)."""
+    data = {f"g{i}": _zeros(2000, i) for i in range(12)}
+    for rng in (None, np.random.default_rng(8)):
+        out = dp_quantiles(_frame(spark, data), "x", quantiles=DECILES, epsilon=1.0, lower=-100.0,
+                           upper=100.0, group_by="g", groups=list(data), mechanism="joint_exp",
+                           rng=rng).toPandas()
+        inner = out[out["quantile"].between(0.15, 0.65)]  # deciles 2 to 6: well inside the zeros
+        assert (inner["value"] == 0.0).mean() >= 0.9
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_tied_doubles_ungrouped_release_the_tied_value(spark, monkeypatch, split):
+    """Ungrouped (the driver samples, so the split can be switched off here for power): deciles
+    2 to 6 of 5,000 doubles, 80% zeros, in [-100, 100] at epsilon 1 are exactly 0 in 9 of 10
+    releases with the split, and far from it without."""
+    from dpq_spark.core.randomness import grid as grid_module
+
+    _release._grid_of.cache_clear()
+    if not split:
+        monkeypatch.setattr(grid_module, "TIE_BITS", 0)
+    try:
+        x = _zeros(5000, 1)
+        df = spark.createDataFrame(pd.DataFrame({"x": x}))
+        errs = []
+        for seed in range(10):
+            out = dp_quantiles(df, "x", quantiles=DECILES, epsilon=1.0, lower=-100.0, upper=100.0,
+                               mechanism="joint_exp", rng=np.random.default_rng(seed)).toPandas()
+            inner = out[out["quantile"].between(0.15, 0.65)]["value"].to_numpy()
+            errs.append(np.abs(inner).max())
+    finally:
+        monkeypatch.undo()
+        _release._grid_of.cache_clear()
+    if split:
+        assert np.mean(np.array(errs) == 0.0) >= 0.9
+    else:
+        assert np.median(errs) > 1.0

@@ -375,9 +375,11 @@ def test_unseeded_fold_on_a_declared_grid_releases_in_batches(monkeypatch, mecha
 def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
     """coarse_cells=True feeds ApproxQuantiles/AggTree each row at its coarse cell's
     representative grid point, as the per-group path does: seeded (ApproxQuantiles) or at a
-    huge epsilon (AggTree), the same release as the core mechanism on those points, and not
-    the one on the exact indices."""
+    huge epsilon (AggTree), the same release as the core mechanism on those points (for
+    ApproxQuantiles its recursion on the points as they are, not split into fine points), and
+    not the one on the exact indices."""
     from dpq_spark.core import MECHANISMS
+    from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles_indices
     from dpq_spark.core.quantiles.batch import release_many
 
     gen = np.random.default_rng(8)
@@ -394,9 +396,13 @@ def test_release_many_coarse_cells_is_the_core_on_coarse_cells(mechanism):
                            rng=np.random.default_rng(5))
         return out.values[0]
 
-    core = MECHANISMS[mechanism](GRID.value(coarse_midpoints(coarse_of(k), GRID.steps)), q,
-                                 epsilon=eps, lower=0.0, upper=1.0, counts=counts,
-                                 rng=np.random.default_rng(5))
+    points = coarse_midpoints(coarse_of(k), GRID.steps)
+    if mechanism == "approx_quantiles":
+        core = GRID.value(approx_quantiles_indices(points, counts, GRID.size, q, epsilon=eps,
+                                                   rng=np.random.default_rng(5)))
+    else:
+        core = MECHANISMS[mechanism](GRID.value(points), q, epsilon=eps, lower=0.0, upper=1.0,
+                                     counts=counts, rng=np.random.default_rng(5))
     assert np.array_equal(batch(True), np.asarray(core))
     if mechanism == "approx_quantiles":  # power: the exact indices give another release
         assert not np.array_equal(batch(False), np.asarray(core))

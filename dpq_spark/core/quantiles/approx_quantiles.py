@@ -14,14 +14,23 @@ import math
 
 import numpy as np
 
+from dpq_spark.core._validation import (
+    check_counts,
+    check_epsilon,
+    check_grid_indices,
+    check_positive_int,
+    check_quantiles,
+)
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.quantiles._request import validate_request
 from dpq_spark.core.quantiles._sorted_data import SortedData, sort_data
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, single_quantile_sensitivity
-from dpq_spark.core.randomness.grid import Grid
+from dpq_spark.core.quantiles.coarse_bands import BAND_LOG_TOL, log_box_bound
+from dpq_spark.core.randomness.grid import Grid, split_ties
+from dpq_spark.core.randomness.samplers import uniform_split
 from dpq_spark.core.quantiles.single_quantile import sample_grid_index
 
-__all__ = ["approx_quantiles", "recursion_depth"]
+__all__ = ["approx_quantiles", "approx_quantiles_indices", "split_lazily", "recursion_depth"]
 
 
 def recursion_depth(m: int) -> int:
@@ -71,7 +80,12 @@ def approx_quantiles(
         :class:`~dpq_spark.core.randomness.grid.Grid`; extra error at most half a step). Giving it declares
         the data's resolution: ties are jittered inside their grid cell once, before the
         recursion (:mod:`dpq_spark.core.quantiles.single_quantile`), which then runs on the fine grid; the
-        outputs are rounded back. Cost O(sum of counts) with ``counts``.
+        outputs are rounded back. Cost O(sum of counts) with ``counts``. Without it, each row is
+        sent once to a uniform one of the 256 fine points of its own default-grid point
+        (:func:`~dpq_spark.core.randomness.grid.split_ties`), so the splits of the recursion
+        divide a block of tied doubles instead of leaving one side empty (5,000 rows, 80%
+        zeros, quartiles at eps = 1: mean absolute error 0 against 13 on the grid itself). Cost
+        O(min(sum of counts, 256 len(values))) with ``counts``.
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -112,7 +126,7 @@ def approx_quantiles(
     L delta)``-DP overall. With ``granularity`` given, the whole recursion runs on one per-row
     jitter of the data (grid indices above are then fine-grid indices); for each fixed jitter it
     has this guarantee, so the mixture does too (:mod:`dpq_spark.core.randomness.grid`); the final
-    rounding is post-processing.
+    rounding is post-processing. The same holds for the default grid's split of ties.
 
     Examples
     --------
@@ -127,10 +141,123 @@ def approx_quantiles(
     )
     grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
-    f, f_counts = grid.fine_indices(x, c, source)
     top = grid.fine_size - 1
+    if grid.tie_bits:
+        k, w = grid.distinct(x, c)
+        if grid.splits_many(w):  # many tied rows: split each grid point when a step needs it
+            return grid.release(split_lazily(k, w, grid.tie_bits, top, request.quantiles,
+                                             request.epsilon, request.neighboring, source))
+        f, f_counts = split_ties(k, w, grid.tie_bits, source)
+    else:
+        f, f_counts = grid.fine_indices(x, c, source)
     data = sort_data(f, f_counts, 0, top)
     return grid.release(_sample_indices(data, top, request.quantiles, request.epsilon, request.neighboring, source))
+
+
+def split_lazily(k, counts, bits: int, top: int, quantiles: np.ndarray, epsilon: float,
+                 relation: NeighboringRelation, source) -> np.ndarray:
+    """The recursion of :func:`approx_quantiles` on data split over ``2**bits`` fine points per
+    grid point, each grid point split only when a step's band first reaches it.
+
+    ``k``: sorted distinct grid indices with ``counts`` rows; ``top``: the fine grid's last
+    index. Every grid point starts whole (its rows at its first fine point ``k 2**bits``).
+    Before each draw, the grid points of the step's sub-problem that its single-quantile draw
+    can reach (the band of :mod:`~dpq_spark.core.quantiles.coarse_bands` for m = 1, each grid
+    point a cell of its fine points, cut to the sub-problem's range) are split as
+    :func:`~dpq_spark.core.randomness.grid.split_ties` splits them, once; the others stay
+    whole. Each draw is then within total variation ``2**-59`` of its draw on the fully split
+    sub-problem (the whole points carry at most ``2**-60`` of its mass, and the pieces' rank
+    ranges are the same either way), so the release is within ``m 2**-59`` of
+    :func:`approx_quantiles` on the fully split data, holding about ``256`` entries per grid
+    point near a quantile instead of up to ``256`` per grid point. A whole point that an
+    earlier draw fell inside (an event of that negligible mass) is never split. Returns m
+    sorted fine indices.
+    """
+    f = np.asarray(k, dtype=np.int64) << bits
+    w = np.asarray(counts, dtype=np.int64).copy()
+    whole = np.ones(f.size, dtype=bool)
+    m = quantiles.size
+    eps_level = epsilon / recursion_depth(m)
+    out = np.empty(m, dtype=np.int64)
+    # sub-problems: (data in [d_lo, d_hi), range [lo, hi], quantiles, output slots, top?)
+    stack = [(0, top + 1, 0, top, quantiles, np.arange(m), True)]
+    while stack:
+        d_lo, d_hi, lo, hi, qs, slots, is_top = stack.pop()
+        mid = qs.size // 2
+        q_star = float(qs[mid])
+        delta_u = _sensitivity(q_star, relation, is_top)
+        a, b = np.searchsorted(f, [d_lo, d_hi])
+        if whole[a:b].any():
+            f, w, whole = _split_in_band(f, w, whole, a, b, (d_lo, d_hi, lo, hi), q_star,
+                                         eps_level / (2.0 * delta_u), bits, source)
+            a, b = np.searchsorted(f, [d_lo, d_hi])
+        data = sort_data(f[a:b], w[a:b], lo, hi)
+        v = sample_grid_index(data, lo, hi, q_star, eps_level, delta_u, source)
+        out[slots[mid]] = v
+        if mid > 0:
+            stack.append((d_lo, v, lo, v, qs[:mid] / q_star, slots[:mid], False))
+        if mid + 1 < qs.size:
+            right_q = (qs[mid + 1 :] - q_star) / (1.0 - q_star)
+            stack.append((v, d_hi, v, hi, right_q, slots[mid + 1 :], False))
+    return np.sort(out)
+
+
+def _split_in_band(f, w, whole, a, b, box, q: float, c_q: float, bits: int, source):
+    """Split the whole entries ``a..b`` of one sub-problem (``box``: its data interval
+    ``[d_lo, d_hi)`` and range ``[lo, hi]``) whose grid point the draw for quantile ``q`` at
+    ``exp(-c_q |rho - q n|)`` can reach; returns the new ``(f, w, whole)``, sorted."""
+    d_lo, d_hi, lo, hi = box
+    g = f[a:b] >> bits
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    t = np.add.reduceat(w[a:b], starts)
+    rhi = np.cumsum(t).astype(np.float64)
+    rlo = rhi - t
+    gs = g[starts]
+    left = np.maximum(gs << bits, lo) - lo
+    right = np.minimum((gs + 1) << bits, hi + 1) - lo
+    target = np.array([q * rhi[-1]])
+    c = c_q / 2.0  # exp(-c_q |rho - q n|) is JointExp's exp(c u) for m = 1, u = -2 |rho - q n|
+    log_low = log_box_bound(left, right, rlo, rhi, rhi[-1], target, c, hi - lo)
+    if log_low is None:
+        reach = np.ones(gs.size, dtype=bool)
+    else:
+        half = max(math.log(hi - lo + 1.0) + BAND_LOG_TOL - log_low, 0.0) / (2.0 * c)
+        reach = (rhi >= target[0] - half) & (rlo <= target[0] + half)
+    point = np.cumsum(np.r_[False, g[1:] != g[:-1]])  # each entry's grid point among gs
+    inside = ((g << bits) >= d_lo) & (((g + 1) << bits) <= d_hi)  # not cut by a draw
+    pick = a + np.flatnonzero(whole[a:b] & reach[point] & inside)
+    if pick.size == 0:
+        return f, w, whole
+    entry, part, cnt = uniform_split(source, w[pick], bits)
+    rest = np.ones(f.size, dtype=bool)
+    rest[pick] = False
+    f = np.concatenate([f[rest], f[pick][entry] + part])
+    w = np.concatenate([w[rest], cnt])
+    whole = np.concatenate([whole[rest], np.zeros(entry.size, dtype=bool)])
+    order = np.argsort(f, kind="stable")
+    return f[order], w[order], whole[order]
+
+
+def approx_quantiles_indices(k, counts, grid_size: int, quantiles, *, epsilon: float,
+                             neighboring: str | NeighboringRelation = "add_remove",
+                             rng=None) -> np.ndarray:
+    """ApproxQuantiles on grid indices: the recursion of :func:`approx_quantiles`, integers in
+    and out, on exactly the indices given (no jitter and no tie split: the caller chooses, as
+    the Spark layer does for rows at its coarse cells' points).
+
+    ``k`` are grid indices in ``[0, grid_size)`` with multiplicities ``counts`` (None: one
+    each); returns m sorted int64 indices. Privacy as :func:`approx_quantiles`: ``epsilon``-DP
+    (as implemented ``(epsilon + L eta, L delta)``), one unit of ``counts`` the unit of privacy;
+    ``grid_size`` and ``quantiles`` public.
+    """
+    size = check_positive_int(grid_size, "grid_size")
+    eps = check_epsilon(epsilon)
+    q = check_quantiles(quantiles)
+    relation = NeighboringRelation.parse(neighboring)
+    idx = check_grid_indices(k, size)
+    c_arr = None if counts is None else check_counts(counts, idx.size)
+    data = sort_data(idx, c_arr, 0, size - 1)
+    return _sample_indices(data, size - 1, q, eps, relation, resolve_rng(rng))
 
 
 def _sample_indices(data: SortedData, top: int, quantiles: np.ndarray, epsilon: float,

@@ -88,13 +88,21 @@ import numpy as np
 
 from dpq_spark.core.randomness.dlap_table import dlap_table
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.randomness.samplers import dlap_scale
+from dpq_spark.core.randomness.samplers import dlap_scale, uniform_split
 from dpq_spark.core.quantiles._sorted_data import sort_data
-from dpq_spark.core.quantiles.coarse_bands import COARSE_SHIFT, coarse_midpoints, coarse_of, grid_coarse_shift
+from dpq_spark.core.quantiles.coarse_bands import (
+    COARSE_SHIFT,
+    coarse_midpoints,
+    coarse_of,
+    grid_coarse_shift,
+    mechanism_band,
+)
+from dpq_spark.core.randomness import grid as _grid_module
 from dpq_spark.core.quantiles.coarse_spread import spread_groups, spreads
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS, honaker_variances, leaf_index, node_variance
 from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
+from dpq_spark.core.quantiles.approx_quantiles import split_lazily
 from dpq_spark.core.quantiles.approx_quantiles import _sensitivity as _approx_sensitivity
 from dpq_spark.core.quantiles.approx_quantiles import recursion_depth
 from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
@@ -135,11 +143,17 @@ class FlatGroups(NamedTuple):
     """Many groups in three arrays, as a fold holds them: group ``g`` is ``values[bounds[g]:
     bounds[g + 1]]`` with ``counts`` over the same slice (``None``: one each). ``bounds`` starts
     at 0, never decreases and ends at ``len(values)``. :func:`release_many` checks it with array
-    operations only, where a sequence of pairs costs a Python step per group."""
+    operations only, where a sequence of pairs costs a Python step per group.
+
+    ``whole`` (optional, with ``grid_indices=True`` on the default grid): a boolean mask over
+    the values marking entries that stand for a pruned cell's rows in represented data
+    (:func:`~dpq_spark.core.quantiles.coarse_bands.represent`); the tie split keeps them whole
+    (:func:`~dpq_spark.core.randomness.grid.split_ties`)."""
 
     values: np.ndarray
     counts: np.ndarray | None
     bounds: np.ndarray
+    whole: np.ndarray | None = None
 
 
 class BatchRelease(NamedTuple):
@@ -196,8 +210,11 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     grid_indices : bool
         ``True``: every group's first array holds integer indices ``0..N`` of
         ``Grid(lower, upper)`` (e.g. computed by Spark) instead of values. The grid mechanisms
-        use them as they are; AggTree gets their grid values ``Grid.value(k)`` (whose snap is k
-        again), exactly as the core mechanisms called on those values.
+        use them as the core mechanisms use the snapped values (JointExp, IndExp and
+        ApproxQuantiles split each group's rows over the default grid's fine points,
+        :func:`~dpq_spark.core.randomness.grid.split_ties`, as the core does); AggTree gets their
+        grid values ``Grid.value(k)`` (whose snap is k again), exactly as the core mechanisms
+        called on those values.
     coarse_cells : bool
         Only with ``grid_indices=True``: groups whose mechanism is ApproxQuantiles, AggTree or
         the histogram get every index ``k`` moved to its coarse cell's representative index
@@ -208,8 +225,11 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         ApproxQuantiles chosen by ``"auto"`` from a public row count of at most 2**20 instead
         gets each row at a random one of its cell's 16 sub-cells
         (:mod:`~dpq_spark.core.quantiles.coarse_spread`, a per-record random map, no privacy
-        cost; groups spread a chunk of ``_SPREAD_ENTRIES`` entries at a time). JointExp and
-        IndExp keep the exact indices. The choice is made after auto's noisy count, per group.
+        cost; groups spread a chunk of ``_SPREAD_ENTRIES`` entries at a time). These points are
+        not split into fine points (a cell's rows would become up to 256 entries): on the
+        default grid ApproxQuantiles then runs on them as they are, as the Spark layer runs it.
+        JointExp and IndExp keep the exact indices (split). The choice is made after auto's
+        noisy count, per group.
     granularity : float, optional
         The declared step of the grid (public: from the column's type or the user), finite and
         > 0, at most 2**32 steps between the bounds. Each group then gets exactly what the core
@@ -263,6 +283,12 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     if coarse_cells and not grid_indices:
         raise DPQValueError("`coarse_cells` needs grid_indices=True")
     x, counts, bounds = _check_groups(groups, keep_integers=grid_indices)
+    whole = groups.whole if isinstance(groups, FlatGroups) else None
+    if whole is not None:
+        whole = np.asarray(whole)
+        if whole.dtype != bool or whole.shape != (x.size,) or not grid_indices:
+            raise DPQValueError("`groups` whole must be a boolean mask over the values, with "
+                                "grid_indices=True")
     if grid_indices:
         if x.dtype.kind in "iu":  # integer indices (a fold's): no float copy of them
             bad = x.size > 0 and (int(x.min()) < 0 or int(x.max()) > grid.steps)
@@ -312,22 +338,54 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             continue
         if name == _SPREAD:
             # each row at a random sub-cell of its cell, as the Spark layer's per-group path
-            # (coarse_spread), a chunk of groups at a time (at most 16 points per entry)
+            # (coarse_spread), a chunk of groups at a time (at most 16 points per entry); the
+            # sub-cells are the tie split of this path (no fine points, as on Spark)
             for chunk in _chunks(bounds, members, _SPREAD_ENTRIES):
                 k, k_counts, k_bounds = _spread(snapped, counts, bounds, chunk, grid, source)
-                values[chunk] = grid.release(_approx_many(
+                values[chunk] = grid.value(_approx_many(
                     k, k_counts, k_bounds, np.arange(chunk.size), q, mech_eps, relation,
-                    grid.fine_size - 1, source))
+                    grid.steps, source))
             continue
         k, k_counts, k_bounds, rows = coarse_k if coarse else snapped, counts, bounds, members
+        size, release = grid.fine_size, grid.release
         if grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
             k, k_counts, k_bounds = _jittered(k, counts, bounds, members, grid, source)
             rows = np.arange(members.size)
+        elif coarse:  # rows at their cells' midpoints, as the Spark layer feeds them: no split
+            size, release = grid.size, grid.value
+        else:  # the default grid: each member's rows split over fine points, as the core
+            kk, c, local, wh = _distinct_members(k, counts, bounds, members, whole)
+            big = _splits_many(c, local, members.size, grid)
+            if name == "approx_quantiles" and big.any():
+                # as the core: a group whose split would be large splits its grid points
+                # when a step of the recursion first needs them
+                for i in np.flatnonzero(big).tolist():
+                    at = slice(*np.searchsorted(local, [i, i + 1]))
+                    values[members[i]] = grid.release(split_lazily(
+                        kk[at], c[at], grid.tie_bits, grid.fine_size - 1, q, mech_eps,
+                        relation, source))
+                keep = ~big[local]
+                kk, c, wh = kk[keep], c[keep], None if wh is None else wh[keep]
+                local = np.cumsum(~big)[local[keep]] - 1
+                members = members[~big]
+                if members.size == 0:
+                    continue
+            elif wh is None and big.any():
+                # as the core (Grid.unsplit): past SPLIT_MAX_ENTRIES only the grid points in
+                # the mechanism's band are split
+                wh = np.zeros(kk.size, dtype=bool)
+                for i in np.flatnonzero(big).tolist():
+                    at = slice(*np.searchsorted(local, [i, i + 1]))
+                    wh[at] = ~mechanism_band(name, kk[at], c[at], q, mech_eps, relation,
+                                             grid.fine_size - 1, grid.tie_bits)
+            k, k_counts, k_bounds = _split_distinct(kk, c, local, wh, members.size, grid, source)
+            rows = np.arange(members.size)
         run = {"joint_exp": _joint_exps, "approx_quantiles": _approx_many,
                "ind_exp": _ind_exp_many}[name]
-        size = grid.fine_size - 1 if name == "approx_quantiles" else grid.fine_size
-        values[members] = grid.release(run(k, k_counts, k_bounds, rows, q, mech_eps, relation,
-                                           size, source))
+        if name == "approx_quantiles":
+            size -= 1  # its last index
+        values[members] = release(run(k, k_counts, k_bounds, rows, q, mech_eps, relation, size,
+                                      source))
     return BatchRelease(values, names)
 
 
@@ -367,15 +425,78 @@ def _jittered(k, counts, bounds, members, grid: Grid, source):
     local, rows = _member_rows(bounds, members)
     c = counts[rows].astype(np.int64)
     f = jitter_indices(k[rows], c, grid.jitter, grid, source)
-    g = np.repeat(local, c)
+    return _by_group(f, np.ones(f.size, dtype=np.int64), np.repeat(local, c), members.size)
+
+
+def _distinct_members(k, counts, bounds, members, whole=None):
+    """The groups ``members``' data as the core's split sees each group's
+    (:func:`_distinct_by_group`): ``(k, counts, group place in members, whole)``."""
+    local, rows = _member_rows(bounds, members)
+    return _distinct_by_group(k[rows].astype(np.int64, copy=False),
+                              counts[rows].astype(np.int64), local,
+                              None if whole is None else whole[rows])
+
+
+def _splits_many(c, local, groups: int, grid: Grid) -> np.ndarray:
+    """Per group: whether its split would make more than ``SPLIT_MAX_ENTRIES`` entries
+    (:meth:`~dpq_spark.core.randomness.grid.Grid.splits_many`, for all groups at once)."""
+    made = np.concatenate(([0], np.cumsum(np.minimum(c, 1 << grid.tie_bits))))
+    at = np.searchsorted(local, np.arange(groups + 1))
+    return (made[at[1:]] - made[at[:-1]]) > _grid_module.SPLIT_MAX_ENTRIES
+
+
+def _split_distinct(kk, c, local, wh, groups: int, grid: Grid, source):
+    """Groups' sorted distinct indices ``kk`` (rows ``c``, group ``local``) split over their grid
+    points' fine points (:func:`~dpq_spark.core.randomness.grid.split_ties`, as the core
+    mechanisms do on the default grid; ``wh``, a mask of entries kept whole: represented pruned
+    cells, or grid points outside a large group's band): ``(fine indices, counts, bounds)`` as
+    :func:`_jittered` returns them."""
+    b = grid.tie_bits
+    if wh is None or not wh.any():  # as the core: one split of each group's distinct indices
+        entry, part, w = uniform_split(source, c, b)
+        f, g = (kk[entry] << b) + part, local[entry]
+    else:
+        cut = np.flatnonzero(~wh)
+        entry, part, w = uniform_split(source, c[cut], b)
+        f = np.concatenate([(kk[cut][entry] << b) + part, kk[wh] << b])
+        w = np.concatenate([w, c[wh]])
+        g = np.concatenate([local[cut][entry], local[wh]])
+    return _by_group(f, w, g, groups)
+
+
+def _distinct_by_group(k, c, g, whole=None):
+    """Each group's sorted distinct indices with their summed counts, entries of no rows
+    dropped, groups in order (``g`` nondecreasing): ``(k, c, g, whole)``, as the core's split
+    sees one group's data (a fold's groups are already so, and pass through)."""
+    if k.size > 1 and not np.all((g[1:] > g[:-1]) | ((g[1:] == g[:-1]) & (k[1:] > k[:-1]))):
+        order = np.lexsort((k, g))
+        k, c, g = k[order], c[order], g[order]
+        new = np.ones(k.size, dtype=bool)
+        new[1:] = (g[1:] != g[:-1]) | (k[1:] != k[:-1])
+        at = np.flatnonzero(new)
+        k, c, g = k[at], np.add.reduceat(c, at), g[at]
+        if whole is not None:
+            whole = whole[order][at]
+    rows = c > 0
+    if not rows.all():
+        k, c, g = k[rows], c[rows], g[rows]
+        whole = None if whole is None else whole[rows]
+    return k, c, g, whole
+
+
+def _by_group(f, w, g, groups: int):
+    """Fine indices ``f`` with counts ``w`` of groups ``g`` (in ``0..groups - 1``) as each
+    group's sorted distinct indices with their counts, groups in order: ``(f, w, bounds)``."""
+    ordered = np.all((g[1:] > g[:-1]) | ((g[1:] == g[:-1]) & (f[1:] > f[:-1])))
+    if ordered:  # the fold's groups: sorted distinct indices, split in order
+        return f, w, np.searchsorted(g, np.arange(groups + 1)).astype(np.int64)
     order = np.lexsort((f, g))
-    f, g = f[order], g[order]
+    f, w, g = f[order], w[order], g[order]
     new = np.ones(f.size, dtype=bool)
     new[1:] = (g[1:] != g[:-1]) | (f[1:] != f[:-1])
     at = np.flatnonzero(new)
-    f_counts = np.diff(np.append(at, f.size))
-    f_bounds = np.searchsorted(g[at], np.arange(members.size + 1)).astype(np.int64)
-    return f[at], f_counts, f_bounds
+    f_counts = np.add.reduceat(w, at) if at.size else w[at]
+    return f[at], f_counts, np.searchsorted(g[at], np.arange(groups + 1)).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------

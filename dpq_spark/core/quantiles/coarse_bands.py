@@ -86,10 +86,15 @@ import math
 
 import numpy as np
 
+from dpq_spark.core.accounting.neighboring import (
+    NeighboringRelation,
+    joint_exp_sensitivity,
+    single_quantile_sensitivity,
+)
 from dpq_spark.core.quantiles._logscan import lgamma
 
 __all__ = ["FINE_STEPS", "COARSE_SHIFT", "coarse_of", "grid_coarse_shift", "coarse_midpoints", "reachable",
-           "settle", "spread_evenly", "represent", "log_box_bound", "BAND_LOG_TOL"]
+           "mechanism_band", "settle", "spread_evenly", "represent", "log_box_bound", "BAND_LOG_TOL"]
 
 FINE_STEPS = 2**32  # N of the default Grid(lower, upper)
 COARSE_SHIFT = 12  # default coarse cell C = k >> 12: 4,096 grid points (cell 2**20 is k = N alone)
@@ -168,6 +173,38 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     run_end = e[np.r_[np.flatnonzero(new_run)[1:] - 1, e.size - 1]]
     idx = np.searchsorted(run_start, hi, side="right") - 1
     return (idx >= 0) & (run_end[np.maximum(idx, 0)] >= lo)
+
+
+def mechanism_band(name: str, cells, counts, quantiles, epsilon: float, neighboring,
+                   steps: int = FINE_STEPS, shift: int = COARSE_SHIFT, fine=None,
+                   log_tol: float = BAND_LOG_TOL) -> np.ndarray:
+    """:func:`reachable` for the mechanism ``name`` at its budget ``epsilon``.
+
+    ``"joint_exp"``: ``c = epsilon / (2 Delta)``. ``"ind_exp"``: each quantile's draw is
+    JointExp with m = 1 at half its ``c`` (weight ``exp(-c_q |rho - q n|)`` with ``c_q =
+    (epsilon / m) / (2 Delta_q)`` is ``exp(c u)`` for ``u = -2 |rho - q n|``); the union of the m
+    bands (keeping more cells only shrinks what is pruned), so each draw is within total
+    variation 2**-59 of its draw on the unpruned data.
+
+    A band computed on a grid also holds on the tie split's fine points
+    (:func:`~dpq_spark.core.randomness.grid.split_ties`), and a band computed there may prune
+    single grid points (``shift`` the split's bits, ``steps`` the fine grid's last index): every
+    grid point becomes ``2**b`` fine points, which multiplies the boxes of (d) by ``2**(b m)``
+    and the count of tuples in (c) by at most as much, and the split moves rows only inside
+    their own grid point, so (a)-(d) hold word for word.
+    """
+    q = np.asarray(quantiles, dtype=np.float64)
+    relation = NeighboringRelation.parse(neighboring)
+    if name == "joint_exp":
+        return reachable(cells, counts, q, epsilon / (2.0 * joint_exp_sensitivity(q, relation)),
+                         steps, log_tol, shift, fine)
+    if name != "ind_exp":
+        raise ValueError(f"`name` must be 'joint_exp' or 'ind_exp', got {name!r}")
+    keep = np.zeros(len(cells), dtype=bool)
+    for qj in q:
+        c = (epsilon / q.size) / (2.0 * single_quantile_sensitivity(float(qj), relation)) / 2.0
+        keep |= reachable(cells, counts, [qj], c, steps, log_tol, shift, fine)
+    return keep
 
 
 def _items(cells, counts, steps, shift, fine):

@@ -7,6 +7,8 @@ target ``(epsilon, delta)``. Both are the baselines of Gillenwater, Joseph and K
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dpq_spark.core.randomness.source import resolve_rng
@@ -15,6 +17,7 @@ from dpq_spark.core.quantiles._sorted_data import sort_data
 from dpq_spark.core._validation import check_delta
 from dpq_spark.core.accounting.composition import app_ind_exp_epsilon
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, single_quantile_sensitivity
+from dpq_spark.core.quantiles.coarse_bands import mechanism_band
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.quantiles.single_quantile import GridCells
 
@@ -24,7 +27,9 @@ __all__ = ["ind_exp", "app_ind_exp", "ind_exp_indices"]
 def _independent(request: QuantileRequest, x, c, eps_each: float, rng, granularity) -> np.ndarray:
     grid = Grid(request.lower, request.upper, granularity)
     source = resolve_rng(rng)
-    f, f_counts = grid.fine_indices(x, c, source)
+    f, f_counts = grid.fine_indices(x, c, source, band=functools.partial(
+        mechanism_band, "ind_exp", quantiles=request.quantiles, epsilon=eps_each * request.quantiles.size,
+        neighboring=request.neighboring, steps=grid.fine_size - 1, shift=grid.tie_bits))
     out = _sample_indices(f, f_counts, grid.fine_size, request.quantiles, eps_each,
                           request.neighboring, source)
     return grid.release(out)
@@ -45,8 +50,9 @@ def ind_exp_indices(k, counts, grid_size: int, quantiles, *, epsilon: float,
     integers in and out.
 
     ``k`` are grid indices in ``[0, grid_size)`` with multiplicities ``counts`` (None: one
-    each); ``ind_exp(values, ...)`` is this on ``Grid.snap(values)`` followed by
-    ``Grid.value`` (with the default grid, no jitter), the same draws for the same ``rng``.
+    each); ``ind_exp(values, ...)`` is this on the split ``Grid.snap(values)``
+    (:func:`~dpq_spark.core.randomness.grid.split_ties`) with ``grid_size = Grid.fine_size``
+    followed by ``Grid.release``, the same draws for the same ``rng``.
 
     Privacy
     -------
@@ -105,7 +111,11 @@ def ind_exp(
         :class:`~dpq_spark.core.randomness.grid.Grid`; extra error at most half a step). Giving it declares
         the data's resolution: ties are jittered inside their grid cell once, before the m
         draws (:mod:`dpq_spark.core.quantiles.single_quantile`), at a cost of O(sum of counts) with
-        ``counts``.
+        ``counts``. Without it, each default-grid point is split into 256 fine points and every
+        row sent to a uniform one of its own point's, once, before the m draws
+        (:func:`~dpq_spark.core.randomness.grid.split_ties`; module docstring of
+        :mod:`dpq_spark.core.quantiles.joint_exp`, "Ties on the default grid"), so quantiles
+        inside a block of tied doubles are released as the tied value.
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -137,7 +147,10 @@ def ind_exp(
     ``(epsilon / m + eta, delta)``-DP with ``eta``, ``delta`` of :mod:`dpq_spark.core.quantiles.joint_exp`
     for m = 1, so the whole is ``(epsilon + m eta, m delta)``-DP. With ``granularity`` given,
     the m draws share one per-row jitter of the data; for every fixed jitter the m draws compose
-    as above, so the mixture keeps the guarantee (:mod:`dpq_spark.core.randomness.grid`).
+    as above, so the mixture keeps the guarantee (:mod:`dpq_spark.core.randomness.grid`); the
+    default grid's split of ties is the same kind of mixture. Past 2**22 split entries only the
+    grid points inside the union of the m draws' bands are split (``delta`` then grows by
+    ``(1 + exp(epsilon + m eta)) 2**-59``).
 
     Examples
     --------

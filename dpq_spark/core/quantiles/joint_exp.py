@@ -27,8 +27,20 @@ copies of a tied value spread over its cell, so any output whose rank falls insi
 also near the block's edges, is released as the tied value (Goodreads ratings, deciles at eps = 1,
 granularity 0.01: mean absolute error 0.0006 against 0.0034 with the mid-rank alone). The jitter
 is a per-record random map and costs no privacy (:mod:`dpq_spark.core.randomness.grid`, "Privacy of the
-jitter"); rounding is post-processing. Without ``granularity`` nothing is jittered: the rule
-depends only on the arguments. :func:`joint_exp_indices` never jitters (its caller chooses).
+jitter"); rounding is post-processing. :func:`joint_exp_indices` never jitters (its caller
+chooses).
+
+Ties on the default grid. Without ``granularity`` :func:`joint_exp` runs on the default grid's
+fine points instead (``Grid.tie_bits`` = 8: 256 fine points per grid point): each row goes,
+independently, to a uniform fine point of its own grid point, and each output is released as
+the grid point it lies in (:func:`~dpq_spark.core.randomness.grid.split_ties`). A block of tied
+doubles (80% zeros, rows clamped at a bound) then spreads over its point's fine points, and
+quantiles inside it are released as the tied value (5,000 rows, 80% zeros, deciles at eps = 1:
+mean absolute error 0.19 against 35 on the grid itself). The split costs no privacy, by the
+jitter's argument. It makes at most ``min(n, 256 D)`` entries for D distinct values; past
+``SPLIT_MAX_ENTRIES`` (2**22) only the grid points inside JointExp's band are split
+(:func:`~dpq_spark.core.quantiles.coarse_bands.mechanism_band`), the others stay whole, which
+moves the release by less than ``2**-59`` in total variation (added to ``delta`` below).
 
 Sensitivity (``Delta`` of :func:`~dpq_spark.core.accounting.neighboring.joint_exp_sensitivity`; checked
 exhaustively on small cases in the tests). Adding a point x shifts rho by 0 below x, by
@@ -108,10 +120,12 @@ and the ``eta`` that follows from it, in its module docstring.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
+from dpq_spark.core.quantiles.coarse_bands import mechanism_band
 from dpq_spark.core.quantiles._logscan import (
     lgamma,
     logaddexp,
@@ -176,7 +190,8 @@ def joint_exp(
         integer ages): tied records are then jittered inside their grid cell before sampling and
         the outputs rounded back to the grid (module docstring), so a quantile anywhere inside a
         tie block is released as the tied value. With ``counts`` this costs O(sum of counts)
-        (one jitter per row) instead of O(len(values)).
+        (one jitter per row) instead of O(len(values)). Without it, ties are split over the
+        default grid's fine points (module docstring, "Ties on the default grid").
     rng : numpy.random.Generator, optional
         ``None`` (default): the OS cryptographic generator. A seeded generator is for tests and
         reproducible experiments only.
@@ -203,7 +218,10 @@ def joint_exp(
     n = 1e6, m = 30, epsilon = 1. With ``granularity`` given, the per-row jitter is a mixture
     over independent per-record maps of this mechanism and keeps the same guarantee, relation
     and unit, even if the jitter were public (:mod:`dpq_spark.core.randomness.grid`); the rounding of the
-    outputs is post-processing.
+    outputs is post-processing. Without it, the split of ties over the default grid's fine
+    points is the same kind of mixture and keeps the same guarantee; when the split keeps the
+    grid points outside the band whole (more than 2**22 entries), ``delta`` grows to
+    ``(1 + exp(epsilon + eta)) 2**-58``.
 
     Notes
     -----
@@ -212,8 +230,8 @@ def joint_exp(
     ``u(o) = -sum_{j=1}^{m+1} |rho(o_j) - rho(o_{j-1}) - (q_j - q_{j-1}) n|``, ``rho(o_0) = 0``,
     ``rho(o_{m+1}) = n`` and the mid-rank ``rho(k) = #{x < k} + (t + 1) / 2`` when ``t >= 1``
     data points sit on grid point k (``#{x < k}`` when none do). See :func:`joint_exp_indices`;
-    this function snaps the data to the grid (and, with ``granularity`` given, jitters them on
-    the fine grid), samples, and returns ``grid.release(k)``. Cost: sorting the data, then
+    this function snaps the data to the grid, jitters them (``granularity`` given) or splits
+    them (the default grid) on the fine grid, samples, and returns ``grid.release(k)``. Cost: sorting the data, then
     O(m K) for the K cells within the bands; memory O(m K). Jittered data have about two cells
     per row (as continuous data), not per distinct value.
 
@@ -236,7 +254,9 @@ def joint_exp(
     source = resolve_rng(rng)
     delta_u = joint_exp_sensitivity(request.quantiles, request.neighboring)
     c = request.epsilon / (2.0 * delta_u)
-    f, f_counts = grid.fine_indices(x, c_arr, source)
+    f, f_counts = grid.fine_indices(x, c_arr, source, band=functools.partial(
+        mechanism_band, "joint_exp", quantiles=request.quantiles, epsilon=request.epsilon,
+        neighboring=request.neighboring, steps=grid.fine_size - 1, shift=grid.tie_bits))
     k = _sample_indices(f, f_counts, request.quantiles, c, grid.fine_size, source)[0]
     return grid.release(k)
 
@@ -280,10 +300,11 @@ def joint_exp_indices(
     As :func:`joint_exp`: epsilon-DP for the exponential mechanism over the grid indices (up to
     the implementation's ``eta`` and ``delta``, module docstring), under the chosen neighbouring
     relation, one unit of ``counts`` being the unit of privacy. ``grid_size`` and ``quantiles``
-    must be public. No jitter here: a caller that wants the tie handling of :func:`joint_exp`
-    passes :func:`~dpq_spark.core.randomness.grid.jitter_indices` of its indices with
-    ``grid_size = Grid.fine_size`` and rounds the outputs with
-    :func:`~dpq_spark.core.randomness.grid.round_indices`; the jitter keeps this guarantee.
+    must be public. No jitter or split here: a caller that wants the tie handling of
+    :func:`joint_exp` passes :func:`~dpq_spark.core.randomness.grid.jitter_indices` (a declared
+    grid) or :func:`~dpq_spark.core.randomness.grid.split_ties` (the default grid) of its
+    indices with ``grid_size = Grid.fine_size`` and releases ``Grid.release`` of the outputs;
+    both keep this guarantee.
     """
     size = check_positive_int(grid_size, "grid_size")
     if size > MAX_GRID_STEPS + 1:

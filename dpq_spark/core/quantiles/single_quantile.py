@@ -11,7 +11,11 @@ records are first jittered, each independently, to uniform points of their own c
 grid of :class:`~dpq_spark.core.randomness.grid.Grid` (``Grid.fine_indices``), the mechanism runs on the
 fine grid and the output is rounded back (``Grid.release``): a quantile anywhere inside a tie
 block, edges included, is then released as the tied value. The jitter costs no privacy
-(:mod:`dpq_spark.core.randomness.grid`, "Privacy of the jitter"); IndExp and ApproxQuantiles share it. Sensitivity: adding a point moves ``rho`` by an amount in [0, 1] and
+(:mod:`dpq_spark.core.randomness.grid`, "Privacy of the jitter"); IndExp and ApproxQuantiles share it.
+Without ``granularity`` the records are split instead, each to a uniform one of the 256 fine
+points of its own default-grid point (``Grid.tie_bits``;
+:func:`~dpq_spark.core.randomness.grid.split_ties`), with the same effect on ties and the same
+privacy argument; a block of t tied rows holds at most ``min(t, 256)`` entries. Sensitivity: adding a point moves ``rho`` by an amount in [0, 1] and
 ``q n`` by q, so the utility moves by at most ``max(q, 1 - q)``; a swap (n fixed) moves ``rho`` by
 at most 1 (Delta = 1), as for the continuous mechanism.
 
@@ -24,6 +28,7 @@ The guarantee as implemented is that of :mod:`dpq_spark.core.quantiles.joint_exp
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +43,7 @@ from dpq_spark.core._validation import (
     check_values,
 )
 from dpq_spark.core.errors import DPQValueError
+from dpq_spark.core.quantiles.coarse_bands import mechanism_band
 from dpq_spark.core.randomness.grid import Grid, draw_index
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, single_quantile_sensitivity
 
@@ -137,7 +143,9 @@ def single_quantile(
         Step of the public output grid; default ``(upper - lower) / 2**32`` (see
         :class:`~dpq_spark.core.randomness.grid.Grid`; extra error at most half a step). Giving it declares
         the data's resolution: ties are jittered inside their grid cell (module docstring), at a
-        cost of O(sum of counts) when ``counts`` is given.
+        cost of O(sum of counts) when ``counts`` is given. Without it ties are split over the
+        default grid's fine points (module docstring), at a cost of
+        O(min(sum of counts, 256 len(values))).
     rng : numpy.random.Generator, optional
         Source of randomness; ``None`` draws fresh OS entropy.
 
@@ -168,7 +176,8 @@ def single_quantile(
     implemented (float64 weights, exact draws): ``(epsilon + eta, delta)``-DP with ``eta`` and
     ``delta`` of :mod:`dpq_spark.core.quantiles.joint_exp` for m = 1. With ``granularity`` given, the
     per-row jitter keeps this guarantee, relation and unit (it would even if the jitter were
-    public; :mod:`dpq_spark.core.randomness.grid`), and the rounding is post-processing.
+    public; :mod:`dpq_spark.core.randomness.grid`), and the rounding is post-processing; so does
+    the default grid's split of ties.
 
     Examples
     --------
@@ -188,7 +197,10 @@ def single_quantile(
     c = None if counts is None else check_counts(counts, x.size)
     grid = Grid(lo, hi, granularity)
     source = resolve_rng(rng)
-    f, f_counts = grid.fine_indices(x, c, source)
+    # past SPLIT_MAX_ENTRIES only the grid points its band reaches are split (IndExp, m = 1)
+    f, f_counts = grid.fine_indices(x, c, source, band=functools.partial(
+        mechanism_band, "ind_exp", quantiles=[q], epsilon=eps, neighboring=relation,
+        steps=grid.fine_size - 1, shift=grid.tie_bits))
     data = sort_data(f, f_counts, 0, grid.fine_size - 1)
     k = sample_grid_index(data, 0, grid.fine_size - 1, q, eps, single_quantile_sensitivity(q, relation), source)
     return float(grid.release(k))

@@ -28,11 +28,28 @@ uniform *fine index* in ``[k S - S/2, k S + S/2)`` intersected with ``[0, N S]``
 rounded back to ``floor((f + S/2) / S)`` (:func:`round_indices`, the k whose fine cell holds f)
 before :meth:`Grid.value`. The t copies of a tied value v spread over v's fine cell, so an output
 whose rank falls anywhere inside v's block (its edges included) lies in v's cell and is released
-as v. With the default granularity no resolution was declared: ``Grid.jitter`` is 1 and
-nothing is jittered (ties are then handled by the mid-rank alone). The rule depends only on the
-arguments: jitter iff ``granularity`` is given and ``N <= 2**51``.
+as v. The rule depends only on the arguments: jitter iff ``granularity`` is given and
+``N <= 2**51``.
 
-Privacy of the jitter. Write ``J`` for the jitter and ``A`` for the mechanism on fine indices,
+Ties on the default grid: split each point. Without ``granularity`` no resolution was declared,
+but a double column still holds blocks of ties (80% zeros, values clamped at a bound, whole
+numbers stored as doubles). The mechanisms that read ranks (JointExp, IndExp, ApproxQuantiles
+and the single quantile) then run on ``2**TIE_BITS`` (256) fine points per grid point: a record
+with index k goes, independently of every other record, to a uniform fine index of
+``[k 2**b, (k + 1) 2**b)`` (``b = Grid.tie_bits``), the mechanism draws fine indices, and each is
+released as the grid point ``f >> b`` holds (:func:`split_ties`; :meth:`Grid.release`). A block
+of t tied records becomes up to ``min(t, 256)`` blocks spread over its point's fine points, so
+a quantile whose rank falls inside the block, near its edges too, is released as the tied value
+instead of in the gap beside it. Every grid point has the same number of fine points, so on
+data without ties the only change is where, inside a data point's own grid step, the cells of
+the mechanism begin (a cell of w grid points now spans between ``256 (w - 1) + 1`` and
+``256 (w + 1) - 1`` fine points; on the default grid w is typically thousands). The fine indices are
+drawn as a multinomial per distinct index (:func:`~dpq_spark.core.randomness.samplers.uniform_split`),
+so the mechanism holds at most ``min(n, 256 D)`` entries for D distinct indices, never one per
+row. ``Grid.tie_bits`` is ``TIE_BITS`` on the default grid and 0 on a declared one (which has
+the jitter instead): the rule depends only on the arguments.
+
+Privacy of the jitter (and of the split, word for word). Write ``J`` for the jitter and ``A`` for the mechanism on fine indices,
 (epsilon + eta, delta)-DP for add/remove or swap of one record. Neighbours share all records but
 one (x added or removed; or x swapped for x'). Fix the fine indices j of the shared records and
 y (y') of the odd one: ``j`` and ``j + y`` (``j + y`` and ``j + y'``) are neighbouring fine
@@ -55,6 +72,7 @@ from fractions import Fraction
 import numpy as np
 
 from dpq_spark.core._validation import check_bounds, check_granularity
+from dpq_spark.core.randomness.samplers import uniform_split
 
 __all__ = [
     "Grid",
@@ -64,12 +82,22 @@ __all__ = [
     "uniform_multisets",
     "jitter_indices",
     "round_indices",
+    "split_ties",
+    "TIE_BITS",
+    "SPLIT_MAX_ENTRIES",
     "uniform_multiset",
 ]
 
 MAX_GRID_STEPS = 2**52  # N <= 2**52: indices, ranks and grid weights stay exact in float64
 _DEFAULT_STEPS = 2**32
 _JITTER_SCALE = 2**16  # S: fine points per declared grid step (a power of two; tests lower it)
+#: b: the default grid's points are split into 2**TIE_BITS fine points each (module docstring):
+#: at 8, deciles of tied doubles were as good as at 12 or 16 bits, at a third of their time
+#: (benchmarks/bench_tie_split.py)
+TIE_BITS = 8
+#: The most entries the split may make (``sum(min(count, 2**TIE_BITS))``) before a mechanism
+#: with a band splits only the grid points its band reaches (:meth:`Grid.fine_indices`)
+SPLIT_MAX_ENTRIES = 1 << 22
 
 
 class Grid:
@@ -95,8 +123,12 @@ class Grid:
     jitter : int
         S, fine points per step for ties (module docstring): ``2**16`` (fewer when ``N`` is
         large) when ``granularity`` is given, 1 (no jitter) for the default grid.
+    tie_bits : int
+        b, the default grid's split of each point into ``2**b`` fine points (module docstring):
+        ``TIE_BITS`` without ``granularity``, 0 with it.
     fine_size : int
-        ``N S + 1``, the number of points of the fine grid the mechanisms sample on.
+        The number of points of the fine grid the mechanisms sample on: ``N S + 1`` on a
+        declared grid, ``(N + 1) 2**b`` on the default grid.
 
     Raises
     ------
@@ -110,7 +142,8 @@ class Grid:
     (501, 358, 3.58)
     """
 
-    __slots__ = ("lower", "upper", "granularity", "steps", "size", "jitter", "fine_size")
+    __slots__ = ("lower", "upper", "granularity", "steps", "size", "jitter", "tie_bits",
+                 "fine_size")
 
     def __init__(self, lower, upper, granularity=None):
         a, b = check_bounds(lower, upper)
@@ -140,7 +173,9 @@ class Grid:
             if jitter < 2:
                 jitter = 1
         self.jitter = int(jitter)
-        self.fine_size = self.steps * self.jitter + 1
+        self.tie_bits = TIE_BITS if granularity is None else 0
+        self.fine_size = (self.size << self.tie_bits if self.tie_bits
+                          else self.steps * self.jitter + 1)
 
     def __repr__(self) -> str:
         return f"Grid(lower={self.lower!r}, upper={self.upper!r}, granularity={self.granularity!r})"
@@ -156,21 +191,89 @@ class Grid:
         k = np.asarray(k, dtype=np.int64)
         return np.minimum(self.upper, self.lower + k.astype(np.float64) * self.granularity)
 
-    def fine_indices(self, x, counts, source) -> tuple[np.ndarray, np.ndarray | None]:
-        """The private values as indices of the fine grid: snapped, then jittered.
+    def fine_indices(self, x, counts, source, band=None) -> tuple[np.ndarray, np.ndarray | None]:
+        """The private values as indices of the fine grid: snapped, then jittered or split.
 
-        Returns ``(f, counts)`` for a mechanism on ``fine_size`` points. Without jitter
-        (``jitter == 1``) these are ``snap(x)`` and ``counts`` unchanged; with it, one fine index
-        per row (``counts`` expanded) and ``None``.
+        Returns ``(f, counts)`` for a mechanism on ``fine_size`` points. On a declared grid, one
+        jittered fine index per row (``counts`` expanded) and ``None``; on the default grid, the
+        sorted distinct fine indices of :func:`split_ties` and their counts (at most
+        ``min(sum of counts, 2**b D)`` entries for D distinct indices). ``band(k, counts)``, a
+        mechanism's mask of the grid points it can reach
+        (:func:`~dpq_spark.core.quantiles.coarse_bands.mechanism_band`), bounds that: when the
+        split would make more than ``SPLIT_MAX_ENTRIES`` entries, the points outside the band
+        stay whole (:func:`split_ties`), which changes the mechanism's release by less than
+        ``2**-59`` in total variation.
         """
+        if self.tie_bits:
+            k, counts = self.distinct(x, counts)
+            return split_ties(k, counts, self.tie_bits, source, self.unsplit(k, counts, band))
         k = self.snap(x)
         if self.jitter == 1:
             return k, counts
         return jitter_indices(k, counts, self.jitter, self, source), None
 
+    def distinct(self, x, counts) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted distinct grid indices of values ``x`` and their rows (``counts``: the
+        values' multiplicities, or None), indices of no rows dropped."""
+        return _distinct(self.snap(x), counts)
+
+    def unsplit(self, k, counts, band=None):
+        """The mask of sorted distinct grid indices ``k`` (with ``counts``) that the tie split
+        keeps whole: None (split them all) unless ``band`` is given and the split would make more
+        than ``SPLIT_MAX_ENTRIES`` entries; then the points outside ``band(k, counts)``."""
+        if band is None or not self.splits_many(counts):
+            return None
+        return ~np.asarray(band(k, counts), dtype=bool)
+
+    def splits_many(self, counts) -> bool:
+        """Whether splitting indices with these ``counts`` would make more than
+        ``SPLIT_MAX_ENTRIES`` entries (``sum(min(count, 2**tie_bits))``; False off the default
+        grid)."""
+        if not self.tie_bits:
+            return False
+        return int(np.minimum(counts, 1 << self.tie_bits).sum()) > SPLIT_MAX_ENTRIES
+
     def release(self, f) -> np.ndarray:
-        """The float64 values released for fine indices ``f``: ``value(round_indices(f))``."""
+        """The float64 values released for fine indices ``f``: the grid point each lies in."""
+        if self.tie_bits:
+            return self.value(np.asarray(f, dtype=np.int64) >> self.tie_bits)
         return self.value(round_indices(f, self.jitter, self))
+
+
+def _distinct(k, counts):
+    """Sorted distinct indices of ``k`` and their rows (``counts``: multiplicities, or None)."""
+    k = np.asarray(k, dtype=np.int64)
+    if counts is None:
+        return np.unique(k, return_counts=True)
+    u, inverse = np.unique(k, return_inverse=True)
+    w = np.bincount(inverse, weights=counts, minlength=u.size).astype(np.int64)
+    return u[w > 0], w[w > 0]
+
+
+def split_ties(k, counts, bits: int, source, whole=None) -> tuple[np.ndarray, np.ndarray]:
+    """Split each grid point into ``2**bits`` fine points, and each record to a uniform one.
+
+    ``k``: sorted distinct grid indices with ``counts`` rows (> 0). Each row of index k goes,
+    independently, to a uniform fine index of ``[k 2**bits, (k + 1) 2**bits)``, drawn as a
+    multinomial per index (:func:`~dpq_spark.core.randomness.samplers.uniform_split`). Returns
+    the sorted distinct fine indices and their counts (at most ``min(sum(counts), 2**bits
+    len(k))`` entries). ``whole``, a mask over ``k``: those entries stand for rows kept together
+    on purpose (a pruned cell of represented data, :mod:`dpq_spark.core.quantiles.coarse_bands`)
+    and stay whole at their first fine point ``k 2**bits``. A per-record random map: no privacy
+    cost (module docstring).
+    """
+    k = np.asarray(k, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if whole is None or not np.any(whole):
+        entry, part, w = uniform_split(source, counts, bits)
+        return (k[entry] << bits) + part, w
+    whole = np.asarray(whole, dtype=bool)
+    split = np.flatnonzero(~whole)
+    entry, part, w = uniform_split(source, counts[split], bits)
+    f = np.concatenate([(k[split][entry] << bits) + part, k[whole] << bits])
+    w = np.concatenate([w, counts[whole]])
+    order = np.argsort(f, kind="stable")  # distinct: whole entries hold their index alone
+    return f[order], w[order]
 
 
 def jitter_indices(k, counts, jitter: int, grid: Grid, source) -> np.ndarray:

@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 
 from dpq_spark.core import NeighboringRelation, joint_exp
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.randomness.grid import Grid, jitter_indices, round_indices
+from dpq_spark.core.randomness.grid import Grid, jitter_indices, round_indices, split_ties
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
 from dpq_spark.core.accounting.neighboring import joint_exp_sensitivity
 
@@ -269,12 +269,19 @@ def test_values_are_snapped_then_sampled_on_the_grid():
     b = joint_exp_indices(f, None, grid.fine_size, Q3, epsilon=1.0, rng=source)
     np.testing.assert_array_equal(a, grid.value(round_indices(b, grid.jitter, grid)))
     assert set(a.tolist()) <= {0.0, 0.25, 0.5, 0.75, 1.0}
-    # The default grid declares no resolution: no jitter.
+    # The default grid declares no resolution: no jitter, but every point split into 2**8 fine
+    # points, each row to a uniform one of its own point's (split_ties on the distinct indices),
+    # and each output released as the grid point it lies in.
     default = Grid(0.0, 1.0)
-    assert default.jitter == 1 and default.fine_size == default.size
+    assert default.jitter == 1 and default.tie_bits == 8
+    assert default.fine_size == default.size << 8
     a = joint_exp(x, Q3, epsilon=1.0, lower=0.0, upper=1.0, rng=np.random.default_rng(3))
-    b = joint_exp_indices(default.snap(x), None, default.size, Q3, epsilon=1.0, rng=np.random.default_rng(3))
-    np.testing.assert_array_equal(a, default.value(b))
+    source = resolve_rng(np.random.default_rng(3))
+    k, counts = np.unique(default.snap(x), return_counts=True)
+    f, w = split_ties(k, counts, 8, source)
+    assert np.array_equal(f >> 8, k) and np.all(np.diff(f) > 0)  # one row each: one fine point
+    b = joint_exp_indices(f, w, default.fine_size, Q3, epsilon=1.0, rng=source)
+    np.testing.assert_array_equal(a, default.value(b >> 8))
 
 
 def test_counts_give_exactly_the_repeated_array():
@@ -521,8 +528,10 @@ def test_batch_joint_exp_draws_the_core_sampler_draw_for_draw():
     (``joint_exp_many._sample_many``, which draws a single group in the core's order); on 300
     seeded groups beyond enumeration (ties, zero counts, indices at
     both ends of the grid, m from 3 to 12, both relations) every draw equals
-    :func:`joint_exp_indices` on the same indices with the same seed."""
+    :func:`joint_exp_indices` on the same indices split over the default grid's fine points
+    (``split_ties`` of the distinct indices, as the core) with the same seed."""
     from dpq_spark.core.quantiles.batch import release_many
+    from dpq_spark.core.randomness.grid import _distinct
 
     grid = Grid(-50.0, 50.0)
     gen = np.random.default_rng(2024)
@@ -535,12 +544,14 @@ def test_batch_joint_exp_draws_the_core_sampler_draw_for_draw():
         q = np.sort(gen.choice(np.arange(1, 100), m, replace=False)) / 100
         eps = float(gen.choice([0.1, 1.0, 10.0]))
         relation = ["add_remove", "swap"][case % 2]
-        want = joint_exp_indices(k, counts, grid.size, q, epsilon=eps, neighboring=relation,
-                                 rng=np.random.default_rng(case))
+        source = resolve_rng(np.random.default_rng(case))
+        f, w = split_ties(*_distinct(k, counts), grid.tie_bits, source)
+        want = joint_exp_indices(f, w, grid.fine_size, q, epsilon=eps, neighboring=relation,
+                                 rng=source)
         got = release_many([(k, counts)], q, epsilon=eps, lower=-50.0, upper=50.0,
                            neighboring=relation, mechanism="joint_exp", grid_indices=True,
                            rng=np.random.default_rng(case)).values[0]
-        assert np.array_equal(got, grid.value(want)), case
+        assert np.array_equal(got, grid.release(want)), case
 
 
 def _cells_by_slots(idx, counts, size):
