@@ -14,12 +14,14 @@ from dpq_spark.core._validation import (
     check_bounds,
     check_counts,
     check_epsilon,
+    check_grid_indices,
+    check_positive_int,
     check_quantiles,
     check_values,
 )
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
 
-__all__ = ["QuantileRequest", "validate_request"]
+__all__ = ["QuantileRequest", "validate_request", "validate_index_request"]
 
 
 @dataclass(frozen=True)
@@ -49,3 +51,16 @@ def validate_request(
     x = check_values(values)
     c = None if counts is None else check_counts(counts, x.size)
     return QuantileRequest(q, eps, lo, hi, relation), x, c
+
+
+def validate_index_request(k, counts, grid_size, quantiles, *, epsilon, neighboring):
+    """The shared arguments of a mechanism on grid indices (``*_indices``): returns
+    ``(indices, counts or None, grid_size, quantiles, epsilon, relation)``, public ones checked
+    first."""
+    size = check_positive_int(grid_size, "grid_size")
+    eps = check_epsilon(epsilon)
+    q = check_quantiles(quantiles)
+    relation = NeighboringRelation.parse(neighboring)
+    idx = check_grid_indices(k, size)
+    c = None if counts is None else check_counts(counts, idx.size)
+    return idx, c, size, q, eps, relation

@@ -14,15 +14,8 @@ import math
 
 import numpy as np
 
-from dpq_spark.core._validation import (
-    check_counts,
-    check_epsilon,
-    check_grid_indices,
-    check_positive_int,
-    check_quantiles,
-)
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.quantiles._request import validate_request
+from dpq_spark.core.quantiles._request import validate_index_request, validate_request
 from dpq_spark.core.quantiles._sorted_data import SortedData, sort_data
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, single_quantile_sensitivity
 from dpq_spark.core.quantiles.coarse_bands import BAND_LOG_TOL, log_box_bound
@@ -250,12 +243,8 @@ def approx_quantiles_indices(k, counts, grid_size: int, quantiles, *, epsilon: f
     (as implemented ``(epsilon + L eta, L delta)``), one unit of ``counts`` the unit of privacy;
     ``grid_size`` and ``quantiles`` public.
     """
-    size = check_positive_int(grid_size, "grid_size")
-    eps = check_epsilon(epsilon)
-    q = check_quantiles(quantiles)
-    relation = NeighboringRelation.parse(neighboring)
-    idx = check_grid_indices(k, size)
-    c_arr = None if counts is None else check_counts(counts, idx.size)
+    idx, c_arr, size, q, eps, relation = validate_index_request(
+        k, counts, grid_size, quantiles, epsilon=epsilon, neighboring=neighboring)
     data = sort_data(idx, c_arr, 0, size - 1)
     return _sample_indices(data, size - 1, q, eps, relation, resolve_rng(rng))
 

@@ -132,6 +132,7 @@ BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tre
 _FIXED_TREES = {"histogram": (HISTOGRAM_BINS, 1), **SIZED_TREES}
 _SPREAD = "approx_quantiles (sub-cells)"  # a group's internal label in release_many only
 _SPREAD_ENTRIES = 1 << 17  # entries spread at a time: at most 2**21 points
+_SPLIT_ENTRIES = 1 << 18  # entries split over fine points at a time (a group with more: alone)
 _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", *_FIXED_TREES)  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
@@ -346,46 +347,32 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
                     k, k_counts, k_bounds, np.arange(chunk.size), q, mech_eps, relation,
                     grid.steps, source))
             continue
-        k, k_counts, k_bounds, rows = coarse_k if coarse else snapped, counts, bounds, members
-        size, release = grid.fine_size, grid.release
-        if grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
-            k, k_counts, k_bounds = _jittered(k, counts, bounds, members, grid, source)
-            rows = np.arange(members.size)
-        elif coarse:  # rows at their cells' midpoints, as the Spark layer feeds them: no split
-            size, release = grid.size, grid.value
-        else:  # the default grid: each member's rows split over fine points, as the core
-            kk, c, local, wh = _distinct_members(k, counts, bounds, members, whole)
-            big = _splits_many(c, local, members.size, grid)
-            if name == "approx_quantiles" and big.any():
-                # as the core: a group whose split would be large splits its grid points
-                # when a step of the recursion first needs them
-                for i in np.flatnonzero(big).tolist():
-                    at = slice(*np.searchsorted(local, [i, i + 1]))
-                    values[members[i]] = grid.release(split_lazily(
-                        kk[at], c[at], grid.tie_bits, grid.fine_size - 1, q, mech_eps,
-                        relation, source))
-                keep = ~big[local]
-                kk, c, wh = kk[keep], c[keep], None if wh is None else wh[keep]
-                local = np.cumsum(~big)[local[keep]] - 1
-                members = members[~big]
-                if members.size == 0:
-                    continue
-            elif wh is None and big.any():
-                # as the core (Grid.unsplit): past SPLIT_MAX_ENTRIES only the grid points in
-                # the mechanism's band are split
-                wh = np.zeros(kk.size, dtype=bool)
-                for i in np.flatnonzero(big).tolist():
-                    at = slice(*np.searchsorted(local, [i, i + 1]))
-                    wh[at] = ~mechanism_band(name, kk[at], c[at], q, mech_eps, relation,
-                                             grid.fine_size - 1, grid.tie_bits)
-            k, k_counts, k_bounds = _split_distinct(kk, c, local, wh, members.size, grid, source)
-            rows = np.arange(members.size)
         run = {"joint_exp": _joint_exps, "approx_quantiles": _approx_many,
                "ind_exp": _ind_exp_many}[name]
-        if name == "approx_quantiles":
-            size -= 1  # its last index
-        values[members] = release(run(k, k_counts, k_bounds, rows, q, mech_eps, relation, size,
-                                      source))
+        last = 1 if name == "approx_quantiles" else 0  # ApproxQuantiles takes its last index
+        if coarse and grid.jitter == 1:
+            # rows at their cells' midpoints, as the Spark layer feeds them: no split
+            values[members] = grid.value(run(coarse_k, counts, bounds, members, q, mech_eps,
+                                             relation, grid.size - last, source))
+            continue
+        if grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
+            k, k_counts, k_bounds = _jittered(coarse_k if coarse else snapped, counts, bounds,
+                                              members, grid, source)
+            values[members] = grid.release(run(k, k_counts, k_bounds, np.arange(members.size),
+                                               q, mech_eps, relation, grid.fine_size - last,
+                                               source))
+            continue
+        # the default grid: each member's rows split over fine points, as the core, a chunk of
+        # groups at a time (the split's arrays are a few times the chunk's entries)
+        for chunk in _chunks(bounds, members, _SPLIT_ENTRIES):
+            done, k, k_counts, k_bounds = _split_members(name, snapped, counts, bounds, chunk,
+                                                         whole, q, mech_eps, relation, grid,
+                                                         source, values)
+            chunk = chunk[~done]
+            if chunk.size:
+                values[chunk] = grid.release(run(k, k_counts, k_bounds, np.arange(chunk.size), q,
+                                                 mech_eps, relation, grid.fine_size - last,
+                                                 source))
     return BatchRelease(values, names)
 
 
@@ -426,6 +413,36 @@ def _jittered(k, counts, bounds, members, grid: Grid, source):
     c = counts[rows].astype(np.int64)
     f = jitter_indices(k[rows], c, grid.jitter, grid, source)
     return _by_group(f, np.ones(f.size, dtype=np.int64), np.repeat(local, c), members.size)
+
+
+def _split_members(name, k, counts, bounds, members, whole, q, eps, relation, grid: Grid,
+                   source, values):
+    """The groups ``members``' data split over fine points as the core splits each group's
+    (:func:`~dpq_spark.core.randomness.grid.split_ties`). A group whose split would pass
+    ``SPLIT_MAX_ENTRIES`` follows the core's rule too: for JointExp and IndExp only the grid
+    points in the mechanism's band are split (``Grid.unsplit``); ApproxQuantiles runs
+    :func:`~dpq_spark.core.quantiles.approx_quantiles.split_lazily` on it here, writing its row
+    of ``values``. Returns ``(done, fine indices, counts, bounds)``: ``done`` marks the members
+    released here, the arrays hold the others in order."""
+    kk, c, local, wh = _distinct_members(k, counts, bounds, members, whole)
+    big = _splits_many(c, local, members.size, grid)
+    done = np.zeros(members.size, dtype=bool)
+    if name == "approx_quantiles" and big.any():
+        for i in np.flatnonzero(big).tolist():
+            at = slice(*np.searchsorted(local, [i, i + 1]))
+            values[members[i]] = grid.release(split_lazily(
+                kk[at], c[at], grid.tie_bits, grid.fine_size - 1, q, eps, relation, source))
+        done = big
+        keep = ~big[local]
+        kk, c, wh = kk[keep], c[keep], None if wh is None else wh[keep]
+        local = np.cumsum(~big)[local[keep]] - 1
+    elif wh is None and big.any():
+        wh = np.zeros(kk.size, dtype=bool)
+        for i in np.flatnonzero(big).tolist():
+            at = slice(*np.searchsorted(local, [i, i + 1]))
+            wh[at] = ~mechanism_band(name, kk[at], c[at], q, eps, relation, grid.fine_size - 1,
+                                     grid.tie_bits)
+    return (done, *_split_distinct(kk, c, local, wh, int((~done).sum()), grid, source))
 
 
 def _distinct_members(k, counts, bounds, members, whole=None):

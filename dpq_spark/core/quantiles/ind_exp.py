@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.quantiles._request import QuantileRequest, validate_request
+from dpq_spark.core.quantiles._request import QuantileRequest, validate_index_request, validate_request
 from dpq_spark.core.quantiles._sorted_data import sort_data
 from dpq_spark.core._validation import check_delta
 from dpq_spark.core.accounting.composition import app_ind_exp_epsilon
@@ -60,20 +60,8 @@ def ind_exp_indices(k, counts, grid_size: int, quantiles, *, epsilon: float,
     m delta)``), one unit of ``counts`` the unit of privacy; ``grid_size`` and ``quantiles``
     public.
     """
-    from dpq_spark.core._validation import (
-        check_counts,
-        check_epsilon,
-        check_grid_indices,
-        check_positive_int,
-        check_quantiles,
-    )
-
-    size = check_positive_int(grid_size, "grid_size")
-    eps = check_epsilon(epsilon)
-    q = check_quantiles(quantiles)
-    relation = NeighboringRelation.parse(neighboring)
-    idx = check_grid_indices(k, size)
-    c_arr = None if counts is None else check_counts(counts, idx.size)
+    idx, c_arr, size, q, eps, relation = validate_index_request(
+        k, counts, grid_size, quantiles, epsilon=epsilon, neighboring=neighboring)
     return _sample_indices(idx, c_arr, size, q, eps / q.size, relation, resolve_rng(rng))
 
 

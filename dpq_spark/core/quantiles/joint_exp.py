@@ -134,14 +134,8 @@ from dpq_spark.core.quantiles._logscan import (
     segmented_logcumsumexp_reverse,
 )
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.quantiles._request import validate_request
-from dpq_spark.core._validation import (
-    check_counts,
-    check_epsilon,
-    check_grid_indices,
-    check_positive_int,
-    check_quantiles,
-)
+from dpq_spark.core.quantiles._request import validate_index_request, validate_request
+from dpq_spark.core._validation import check_positive_int
 from dpq_spark.core.randomness.grid import MAX_GRID_STEPS, Grid, draw_index, uniform_multiset
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, joint_exp_sensitivity
 
@@ -306,14 +300,10 @@ def joint_exp_indices(
     indices with ``grid_size = Grid.fine_size`` and releases ``Grid.release`` of the outputs;
     both keep this guarantee.
     """
-    size = check_positive_int(grid_size, "grid_size")
-    if size > MAX_GRID_STEPS + 1:
+    if check_positive_int(grid_size, "grid_size") > MAX_GRID_STEPS + 1:
         raise ValueError(f"`grid_size` must be <= 2**52 + 1, got {grid_size!r}")
-    eps = check_epsilon(epsilon)
-    q = check_quantiles(quantiles)
-    relation = NeighboringRelation.parse(neighboring)
-    idx = check_grid_indices(k, size)
-    c_arr = None if counts is None else check_counts(counts, idx.size)
+    idx, c_arr, size, q, eps, relation = validate_index_request(
+        k, counts, grid_size, quantiles, epsilon=epsilon, neighboring=neighboring)
     source = resolve_rng(rng)
     c = eps / (2.0 * joint_exp_sensitivity(q, relation))
     return _sample_indices(idx, c_arr, q, c, size, source)[0]

@@ -180,10 +180,16 @@ def test_joint_exp_empty_group_is_a_uniform_multiset_of_grid_points():
     assert kstest(out[:, 1] / UPPER, lambda x: 1 - (1 - x) ** 3).pvalue < ALPHA
 
 
-def test_joint_exp_interleaved_groups_each_keep_their_own_law():
+@pytest.mark.parametrize("split_entries", [None, 500])
+def test_joint_exp_interleaved_groups_each_keep_their_own_law(monkeypatch, split_entries):
     """Groups with different numbers of cells, interleaved with one beyond enumeration, in one
     call: each enumerated group's draws follow its own exact law (a draw given to the wrong
-    group, or cells mixed up between rows, would fail), and the large group runs the core."""
+    group, or cells mixed up between rows, would fail), and the large group runs the core. Also
+    with the tie split done 500 entries at a time (many chunks of groups)."""
+    from dpq_spark.core.quantiles import batch
+
+    if split_entries is not None:
+        monkeypatch.setattr(batch, "_SPLIT_ENTRIES", split_entries)
     names = ["one", "two", "tie", "three", "empty"]
     big = (np.linspace(1.0, 9.0, 40), None)
     batch = [GROUPS[k] for k in names] * 4000 + [big] * 5
