@@ -109,6 +109,7 @@ def _trees(baseline: str | None, tmp: str) -> dict:
         return {f"baseline {baseline}": baseline, **trees}
     archive = subprocess.run(["git", "-C", ROOT, "archive", baseline, "dpq_spark"],
                              capture_output=True, check=True).stdout
+    os.makedirs(tmp, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
     return {f"baseline {baseline}": tmp, **trees}
 
