@@ -281,15 +281,9 @@ def band_keep(name, cells, counts, epsilon, params: ReleaseParams,
     mechanism ``name`` (``fine``: all the data of some cells, for a tighter band; ``log_tol``
     larger than the default only for a guess; ``steps``: the last index of the grid the cells
     cut, the grid's N by default, the fine grid's for :func:`_run_fine`; see
-    :func:`~dpq_spark.core.quantiles.coarse_bands.reachable`).
-
-    A band computed in grid units also holds for the tie split's fine points: every grid point
-    becomes ``2**b`` fine points, which multiplies the box sizes of the lower bound by
-    ``2**(b m)`` and the count of pruned tuples by at most as much, so the pruned cells still
-    carry at most ``2**-60`` of the mass (:mod:`~dpq_spark.core.quantiles.coarse_bands`).
-
-    The band of :func:`~dpq_spark.core.quantiles.coarse_bands.mechanism_band` (JointExp, or the
-    union of IndExp's m single-quantile bands).
+    :func:`~dpq_spark.core.quantiles.coarse_bands.reachable`): the band of
+    :func:`~dpq_spark.core.quantiles.coarse_bands.mechanism_band` (JointExp, or the union of
+    IndExp's m single-quantile bands), which also holds on the tie split's fine points.
     """
     if _grid(params).jitter > 1:
         # A declared grid: the mechanism runs on jittered fine indices, one per row, so pruning
