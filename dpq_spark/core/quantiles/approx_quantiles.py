@@ -18,7 +18,7 @@ from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.quantiles._request import validate_index_request, validate_request
 from dpq_spark.core.quantiles._sorted_data import SortedData, sort_data
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, single_quantile_sensitivity
-from dpq_spark.core.quantiles.coarse_bands import BAND_LOG_TOL, log_box_bound
+from dpq_spark.core.quantiles.coarse_bands import band_halves, log_box_bound
 from dpq_spark.core.randomness.grid import Grid, split_ties
 from dpq_spark.core.randomness.samplers import uniform_split
 from dpq_spark.core.quantiles.single_quantile import sample_grid_index
@@ -214,7 +214,7 @@ def _split_in_band(f, w, whole, a, b, box, q: float, c_q: float, bits: int, sour
     if log_low is None:
         reach = np.ones(gs.size, dtype=bool)
     else:
-        half = max(math.log(hi - lo + 1.0) + BAND_LOG_TOL - log_low, 0.0) / (2.0 * c)
+        half = band_halves(log_low, 1, c, hi - lo)[0]  # m = 1 on the sub-problem's range
         reach = (rhi >= target[0] - half) & (rlo <= target[0] + half)
     point = np.cumsum(np.r_[False, g[1:] != g[:-1]])  # each entry's grid point among gs
     inside = ((g << bits) >= d_lo) & (((g + 1) << bits) <= d_hi)  # not cut by a draw

@@ -88,7 +88,7 @@ import numpy as np
 
 from dpq_spark.core.randomness.dlap_table import dlap_table
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.randomness.samplers import dlap_scale, uniform_split
+from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles._sorted_data import sort_data
 from dpq_spark.core.quantiles.coarse_bands import (
     COARSE_SHIFT,
@@ -112,6 +112,7 @@ from dpq_spark.core.randomness.grid import (
     draw_index,
     draw_index_rows,
     jitter_indices,
+    split_entries,
     uniform_multiset,
     uniform_multisets,
 )
@@ -468,24 +469,20 @@ def _split_distinct(kk, c, local, wh, groups: int, grid: Grid, source):
     mechanisms do on the default grid; ``wh``, a mask of entries kept whole: represented pruned
     cells, or grid points outside a large group's band): ``(fine indices, counts, bounds)`` as
     :func:`_jittered` returns them."""
-    b = grid.tie_bits
-    if wh is None or not wh.any():  # as the core: one split of each group's distinct indices
-        entry, part, w = uniform_split(source, c, b)
-        f, g = (kk[entry] << b) + part, local[entry]
-    else:
-        cut = np.flatnonzero(~wh)
-        entry, part, w = uniform_split(source, c[cut], b)
-        f = np.concatenate([(kk[cut][entry] << b) + part, kk[wh] << b])
-        w = np.concatenate([w, c[wh]])
-        g = np.concatenate([local[cut][entry], local[wh]])
-    return _by_group(f, w, g, groups)
+    f, w, src = split_entries(kk, c, grid.tie_bits, source, wh)  # the core's draws, in order
+    return _by_group(f, w, local[src], groups)
+
+
+def _in_group_order(v, g) -> bool:
+    """Whether ``v`` is strictly increasing within each group of ``g`` (nondecreasing)."""
+    return bool(np.all((g[1:] > g[:-1]) | ((g[1:] == g[:-1]) & (v[1:] > v[:-1]))))
 
 
 def _distinct_by_group(k, c, g, whole=None):
     """Each group's sorted distinct indices with their summed counts, entries of no rows
     dropped, groups in order (``g`` nondecreasing): ``(k, c, g, whole)``, as the core's split
     sees one group's data (a fold's groups are already so, and pass through)."""
-    if k.size > 1 and not np.all((g[1:] > g[:-1]) | ((g[1:] == g[:-1]) & (k[1:] > k[:-1]))):
+    if not _in_group_order(k, g):
         order = np.lexsort((k, g))
         k, c, g = k[order], c[order], g[order]
         new = np.ones(k.size, dtype=bool)
@@ -504,8 +501,7 @@ def _distinct_by_group(k, c, g, whole=None):
 def _by_group(f, w, g, groups: int):
     """Fine indices ``f`` with counts ``w`` of groups ``g`` (in ``0..groups - 1``) as each
     group's sorted distinct indices with their counts, groups in order: ``(f, w, bounds)``."""
-    ordered = np.all((g[1:] > g[:-1]) | ((g[1:] == g[:-1]) & (f[1:] > f[:-1])))
-    if ordered:  # the fold's groups: sorted distinct indices, split in order
+    if _in_group_order(f, g):  # the fold's groups: sorted distinct indices, split in order
         return f, w, np.searchsorted(g, np.arange(groups + 1)).astype(np.int64)
     order = np.lexsort((f, g))
     f, w, g = f[order], w[order], g[order]

@@ -94,7 +94,7 @@ from dpq_spark.core.accounting.neighboring import (
 from dpq_spark.core.quantiles._logscan import lgamma
 
 __all__ = ["FINE_STEPS", "COARSE_SHIFT", "coarse_of", "grid_coarse_shift", "coarse_midpoints", "reachable",
-           "mechanism_band", "settle", "spread_evenly", "represent", "log_box_bound", "BAND_LOG_TOL"]
+           "mechanism_band", "band_halves", "settle", "spread_evenly", "represent", "log_box_bound", "BAND_LOG_TOL"]
 
 FINE_STEPS = 2**32  # N of the default Grid(lower, upper)
 COARSE_SHIFT = 12  # default coarse cell C = k >> 12: 4,096 grid points (cell 2**20 is k = N alone)
@@ -158,12 +158,7 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     log_low = log_box_bound(*_items(cells, counts, steps, shift, fine), n, target, c, steps)
     if log_low is None:
         return np.ones(cells.size, dtype=bool)
-    m = q.size
-    j = np.arange(1, m + 1)
-    size = float(steps + 1)
-    log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
-    slack = log_volume + math.log(size) + math.log(m) + log_tol - log_low
-    half = np.maximum(slack, 0.0) / (2.0 * c)
+    half = band_halves(log_low, q.size, c, steps, log_tol)
     # Keep C when [lo_C, hi_C] meets the union of [P_j - h_j, P_j + h_j] (merged, sorted).
     s, e = target - half, target + half
     order = np.argsort(s, kind="stable")
@@ -173,6 +168,18 @@ def reachable(cells, counts, quantiles, c: float, steps: int = FINE_STEPS,
     run_end = e[np.r_[np.flatnonzero(new_run)[1:] - 1, e.size - 1]]
     idx = np.searchsorted(run_start, hi, side="right") - 1
     return (idx >= 0) & (run_end[np.maximum(idx, 0)] >= lo)
+
+
+def band_halves(log_low: float, m: int, c: float, steps: int,
+                log_tol: float = BAND_LOG_TOL) -> np.ndarray:
+    """The half-widths ``h_j`` (in ranks) of the band around each target ``P_j``: the cells
+    farther than ``h_j`` from ``P_j`` for every j carry at most ``tol L`` of the mass ((c) of
+    the module docstring, with ``log L = log_low``, on ``steps + 1`` grid points)."""
+    j = np.arange(1, m + 1)
+    size = float(steps + 1)
+    log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
+    slack = log_volume + math.log(size) + math.log(m) + log_tol - log_low
+    return np.maximum(slack, 0.0) / (2.0 * c)
 
 
 def mechanism_band(name: str, cells, counts, quantiles, epsilon: float, neighboring,

@@ -83,6 +83,7 @@ __all__ = [
     "jitter_indices",
     "round_indices",
     "split_ties",
+    "split_entries",
     "TIE_BITS",
     "SPLIT_MAX_ENTRIES",
     "uniform_multiset",
@@ -263,17 +264,31 @@ def split_ties(k, counts, bits: int, source, whole=None) -> tuple[np.ndarray, np
     cost (module docstring).
     """
     k = np.asarray(k, dtype=np.int64)
+    f, w, src = split_entries(k, counts, bits, source, whole)
+    if src.size and np.any(np.diff(src) < 0):  # whole entries come last: put them in place
+        order = np.argsort(f, kind="stable")  # distinct: whole entries hold their index alone
+        f, w = f[order], w[order]
+    return f, w
+
+
+def split_entries(k, counts, bits: int, source, whole=None):
+    """The draws of :func:`split_ties`, unsorted: ``(f, w, src)``, each output's fine index,
+    rows and the index into ``k`` of the entry it came from. The split entries come first, in
+    entry then part order (sorted when ``k`` is), then the ``whole`` ones at ``k 2**bits``.
+    Shared by :func:`split_ties` and the batched split of many groups, so that both make the
+    same draws in the same order."""
+    k = np.asarray(k, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
     if whole is None or not np.any(whole):
         entry, part, w = uniform_split(source, counts, bits)
-        return (k[entry] << bits) + part, w
+        return (k[entry] << bits) + part, w, entry
     whole = np.asarray(whole, dtype=bool)
-    split = np.flatnonzero(~whole)
-    entry, part, w = uniform_split(source, counts[split], bits)
-    f = np.concatenate([(k[split][entry] << bits) + part, k[whole] << bits])
-    w = np.concatenate([w, counts[whole]])
-    order = np.argsort(f, kind="stable")  # distinct: whole entries hold their index alone
-    return f[order], w[order]
+    cut = np.flatnonzero(~whole)
+    entry, part, w = uniform_split(source, counts[cut], bits)
+    kept = np.flatnonzero(whole)
+    src = np.concatenate([cut[entry], kept])
+    f = np.concatenate([(k[cut[entry]] << bits) + part, k[kept] << bits])
+    return f, np.concatenate([w, counts[kept]]), src
 
 
 def jitter_indices(k, counts, jitter: int, grid: Grid, source) -> np.ndarray:
