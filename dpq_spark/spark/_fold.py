@@ -108,7 +108,7 @@ class CodeCounter:
         if raw:
             codes = np.concatenate(raw) if len(raw) > 1 else raw[0].copy()
             del raw
-            codes.sort()
+            codes.sort(kind="stable")  # packed rows are sorted runs: timsort merges them
             parts.append(count_runs(codes))
             del codes
         if weighted:
@@ -124,7 +124,7 @@ def sum_weighted(weighted):
     codes = np.concatenate([c for c, _ in weighted])
     counts = np.concatenate([w for _, w in weighted])
     weighted.clear()
-    order = np.argsort(codes)
+    order = np.argsort(codes, kind="stable")  # sorted runs, as in compact
     return reduce_sorted(codes[order], counts[order])
 
 
@@ -353,7 +353,7 @@ class Fold:
         pending, weighted = self._pending, self._weighted
         self._pending, self._weighted, self._pending_rows = [], [], 0
         if pending:
-            raw = np.sort(np.concatenate(pending))
+            raw = np.sort(np.concatenate(pending), kind="stable")
             del pending
             codes, counts = count_runs(raw)
             if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
