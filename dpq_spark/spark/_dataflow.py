@@ -25,21 +25,27 @@ from dpq_spark.spark._buckets import (
     BUCKET_FLOOR,
     BUCKET_OFFSET,
 )
-from dpq_spark.spark._columns import CELL, CODE, CODES, COUNT, COUNTS, GID, UNITS
+from dpq_spark.spark._columns import BUCKET, CELL, CODE, CODES, COUNT, COUNTS, GID, UNITS
 from dpq_spark.spark._packing import pack_partition
 
 CODE_SPAN = 1 << 33  # public-key codes: GID * 2**33 + grid index (k <= 2**32)
 MAX_PACKED_KEYS = 1 << 30
+#: the public-key shuffle partitions by bucket, ``GID >> shift``: with more than 2**PACK_BUCKET_BITS
+#: keys the groups go ``2**shift`` to a bucket, so that there are at most 2**PACK_BUCKET_BITS
+#: buckets (and at least half as many): many small groups then travel in a few full packed rows
+#: rather than a row or more each, while the buckets still far outnumber the shuffle's partitions
+PACK_BUCKET_BITS = 14
 ISIN_CELLS = 4096  # global pass 2 filters by isin up to this many kept cells, else a semi join
 
 __all__ = ["VALUE", "UNIT", "key_frame", "clean_rows", "attach_key_index", "bound_contributions",
            "grid_index_column", "bucket_column", "value_cell", "cell_counts",
-           "coarse_counts", "fine_counts_in", "CODE_SPAN", "MAX_PACKED_KEYS", "partitioned_cells", "partitioned_codes"]
+           "coarse_counts", "fine_counts_in", "CODE_SPAN", "MAX_PACKED_KEYS", "PACK_BUCKET_BITS",
+           "bucket_shift", "partitioned_cells", "partitioned_codes"]
 
 VALUE = "__dpq_value"
 UNIT = "__dpq_unit"
 _CODE_SCHEMA = T.StructType([T.StructField(CODE, T.LongType(), True)])
-PACKED_SCHEMA = T.StructType([T.StructField(GID, T.LongType(), False),
+PACKED_SCHEMA = T.StructType([T.StructField(BUCKET, T.LongType(), False),
                               T.StructField(CODES, T.BinaryType(), False),
                               T.StructField(COUNTS, T.BinaryType(), False)])
 _KEY = "__dpq_key"
@@ -232,19 +238,28 @@ def partitioned_cells(rows: DataFrame, keys: tuple[str, ...], lower, upper,
     return rows.select(*cols).repartition(*keys)
 
 
+def bucket_shift(groups: int) -> int:
+    """How many low bits of the key index the packed rows' ``BUCKET`` drops for ``groups``
+    public keys (:data:`PACK_BUCKET_BITS`; a public count, so the rows' layout is too)."""
+    return max(0, (max(int(groups), 1) - 1).bit_length() - PACK_BUCKET_BITS)
+
+
 def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
-                      lookup: tuple | None = None, granularity: float | None = None) -> DataFrame:
+                      lookup: tuple | None = None, granularity: float | None = None, *,
+                      groups: int) -> DataFrame:
     """Grouped path with public keys: the kept rows' codes, packed and partitioned by group.
 
     Spark computes one int64 ``CODE`` per kept row, ``GID * 2**33 + k`` (k the grid index; the
     caller refuses more than 2**30 keys so it fits) or without bounds ``GID * resolution +
     bucket``. A first ``mapInArrow`` (:func:`~dpq_spark.spark._packing.pack_partition`, on each
     input partition, no shuffle) sorts them in memory-bounded chunks and packs them into rows of
-    one group each (``GID``, then up to 256 codes, with their counts when tied, as bytes); the
-    one shuffle, hash partitioned by ``GID``, moves those rows. Every group is then whole in
+    one bucket of groups each (``BUCKET`` = ``GID >> bucket_shift(groups)``, ``groups`` the
+    number of public keys; then up to 256 codes, with their counts when tied, as bytes); the
+    one shuffle, hash partitioned by ``BUCKET``, moves those rows. Every group is then whole in
     one partition, with the same multiset of codes. Shuffling packed rows instead of one row
     per data row is what makes this cheap: on 1e7 rows in 1,000 groups (local[2]) the shuffle
-    and transfer to Python took 3.4-3.7 s instead of 4.6-5.2 s.
+    and transfer to Python took 3.4-3.7 s instead of 4.6-5.2 s; with 1e6 groups, rows of a
+    bucket of 64 groups instead of rows of one group are 2e4 packed rows instead of 2e6.
 
     Both frames carry their schema (``DataFrame.to``), so that a Spark Connect client need not
     ask the server for it: ``mapInArrow`` reads its input's columns, which would otherwise cost
@@ -256,16 +271,17 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
     (:func:`~dpq_spark.spark._packing.pack_partition`); ``data_type`` is the key column's Spark
     type (given, not read from ``rows``, which on Connect would cost a round trip)."""
     span = CODE_SPAN if lower is not None else resolution
+    shift = bucket_shift(groups)
     cell = value_cell(lower, upper, resolution, granularity)
     if lookup is None:
         code = F.col(GID).cast("long") * F.lit(span).cast("long") + cell
         codes = rows.select(code.alias(CODE)).to(_CODE_SCHEMA)
-        pack = functools.partial(pack_partition, span=int(span))
+        pack = functools.partial(pack_partition, span=int(span), shift=shift)
     else:
         key, data_type, keys = lookup
         schema = T.StructType([T.StructField(_KEY, data_type, True),
                                T.StructField(CELL, T.LongType(), True)])
         codes = rows.select(F.col(key).alias(_KEY), cell.cast("long").alias(CELL)).to(schema)
-        pack = functools.partial(pack_partition, span=int(span), keys=keys)
+        pack = functools.partial(pack_partition, span=int(span), keys=keys, shift=shift)
     packed = codes.mapInArrow(pack, PACKED_SCHEMA)
-    return packed.repartition(F.col(GID)).to(PACKED_SCHEMA)
+    return packed.repartition(F.col(BUCKET)).to(PACKED_SCHEMA)

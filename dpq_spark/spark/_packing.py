@@ -1,4 +1,4 @@
-"""Public-key codes sorted and packed per group before the shuffle, and unpacked after it.
+"""Public-key codes sorted and packed per bucket of groups before the shuffle, and unpacked after it.
 
 :func:`pack_partition` is a ``mapInArrow`` body on the map side; :func:`unpacked` reads its rows
 on the reduce side. Reads no randomness and releases nothing: the codes only change place.
@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dpq_spark.spark._columns import CODES, COUNTS, GID
+from dpq_spark.spark._columns import BUCKET, CODES, COUNTS
 from dpq_spark.spark._fold import count_runs, run_starts
 from dpq_spark.spark._heap import trim_heap
 
@@ -22,16 +22,19 @@ _PACK_ROWS = 1 << 20  # codes a map task sorts together before packing them
 _PACK_WIDTH = 256  # at most this many codes (2 KiB) in one packed row
 
 
-def pack_partition(batches, span: int, keys: pa.Array | None = None):
+def pack_partition(batches, span: int, keys: pa.Array | None = None, shift: int = 0):
     """``mapInArrow`` body before the public-key shuffle: the same codes, sorted and packed.
 
     Each input row is one ``CODE`` (``gid * span + index``). Up to ``_PACK_ROWS`` codes at a time
-    are sorted and cut into rows of one group each, ``GID`` and at most ``_PACK_WIDTH`` codes
-    as the bytes of int64s in ``CODES``; when the sorted codes have many ties they go as
-    distinct codes with their counts (``COUNTS``, else empty bytes: one row each). The multiset
-    of codes of every group is unchanged, so the release is too; the shuffle then moves rows of
-    bytes, about 1/230 as many as data rows (4.3e4 for 1e7 rows in 1,000 groups), where its
-    cost per row was most of its cost. Memory:
+    are sorted and cut into rows of one bucket each, ``BUCKET`` (``gid >> shift``: the groups
+    ``2**shift`` at a time) and at most ``_PACK_WIDTH`` codes as the bytes of int64s in
+    ``CODES``; when the sorted codes have many ties they go as distinct codes with their counts
+    (``COUNTS``, else empty bytes: one row each). The shuffle partitions by ``BUCKET``, so every
+    group is still whole in one partition, and the multiset of codes of every group is
+    unchanged, so the release is too. The shuffle then moves rows of bytes, about 1/230 as many
+    as data rows (4.3e4 for 1e7 rows in 1,000 groups), where its cost per row was most of its
+    cost; with many small groups a row holds several groups (``shift`` > 0, see
+    :func:`~dpq_spark.spark._dataflow.partitioned_codes`) rather than a few codes each. Memory:
     the buffered codes and their sorted copy (tens of MiB), whatever the partition's size.
     Reads no randomness and releases nothing (the codes only change place).
 
@@ -48,15 +51,15 @@ def pack_partition(batches, span: int, keys: pa.Array | None = None):
         buffered.append(batch)
         size += len(batch)
         if size >= _PACK_ROWS:
-            yield from _packed_batches(buffered, span, keys)
+            yield from _packed_batches(buffered, span, keys, shift)
             buffered, size = [], 0
     if buffered:
-        yield from _packed_batches(buffered, span, keys)
+        yield from _packed_batches(buffered, span, keys, shift)
     del buffered
     trim_heap()  # the worker is reused (the reduce stage's task may be next): see _heap
 
 
-def _packed_batches(batches, span: int, keys):
+def _packed_batches(batches, span: int, keys, shift: int):
     if keys is None:
         codes = [np.asarray(b.column(0), dtype=np.int64) for b in batches]
     else:
@@ -68,18 +71,18 @@ def _packed_batches(batches, span: int, keys):
         codes = [gid[listed] * span + cell[listed]]
         if codes[0].size == 0:
             return
-    yield _packed(codes, span)
+    yield _packed(codes, span, shift)
 
 
-def _packed(buffered, span: int) -> pa.RecordBatch:
+def _packed(buffered, span: int, shift: int) -> pa.RecordBatch:
     raw = np.concatenate(buffered) if len(buffered) > 1 else buffered[0].copy()
     raw.sort()
     codes, counts = count_runs(raw)
     if 2 * codes.size > raw.size:  # mostly distinct: raw codes are the smaller record
         codes, counts = raw, None
     del raw
-    gid = codes // span
-    starts = run_starts(gid)
+    bucket = (codes // span) >> shift
+    starts = run_starts(bucket)
     ends = np.append(starts[1:], codes.size)
     pieces = -(-(ends - starts) // _PACK_WIDTH)
     piece = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
@@ -95,8 +98,8 @@ def _packed(buffered, span: int) -> pa.RecordBatch:
             np.zeros(n + 1, dtype=np.int32)), pa.py_buffer(b"")])
     else:
         counts_column = blob(counts)
-    return pa.RecordBatch.from_arrays([pa.array(gid[first]), blob(codes), counts_column],
-                                      names=[GID, CODES, COUNTS])
+    return pa.RecordBatch.from_arrays([pa.array(bucket[first]), blob(codes), counts_column],
+                                      names=[BUCKET, CODES, COUNTS])
 
 
 def int64s(column) -> tuple[np.ndarray, np.ndarray]:

@@ -545,7 +545,8 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     params = dataclasses.replace(params, extra_columns=(CODE,),
                                  key_hashes=tuple(hashes) if params.base_seed is not None else None)
     declared = {} if req.granularity is None else {"granularity": req.granularity}
-    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution, lookup, **declared)
+    codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution, lookup, **declared,
+                                   groups=key_table.num_rows)
     schema = T.StructType([T.StructField(GID, T.LongType(), False),
                            T.StructField("value", T.ArrayType(T.DoubleType()), False),
                            T.StructField(MECHANISM, T.StringType(), False)])

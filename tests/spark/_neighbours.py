@@ -35,7 +35,7 @@ from dpq_spark.spark import _dataflow as flow
 from dpq_spark.spark import _release
 from dpq_spark.spark import quantiles as Q
 from dpq_spark.spark._arguments import parse_request
-from dpq_spark.spark._columns import CELL, CODE, CODES, COUNTS, GID, KEY_HASH
+from dpq_spark.spark._columns import BUCKET, CELL, CODE, CODES, COUNTS, GID, KEY_HASH
 from dpq_spark.spark._fold import Fold
 from dpq_spark.spark._packing import unpacked
 
@@ -149,12 +149,12 @@ def _public_key_folds(req, params, frame, key_table, lookup, seeded):
     params = dataclasses.replace(params, extra_columns=(CODE,),
                                  key_hashes=tuple(hashes) if seeded else None)
     codes = flow.partitioned_codes(frame, req.lower, req.upper, req.resolution, lookup,
-                                   **_grid(req))
+                                   **_grid(req), groups=key_table.num_rows)
     table = _compat.to_arrow(codes.withColumn(_PID, F.spark_partition_id()))
     pids = np.asarray(table.column(_PID).to_numpy())
     folds, replayed = [], {}
     for pid in sorted(set(pids.tolist())):
-        part = table.filter(pa.array(pids == pid)).select([GID, CODES, COUNTS])
+        part = table.filter(pa.array(pids == pid)).select([BUCKET, CODES, COUNTS])
         batches = part.combine_chunks().to_batches()
         fold = Fold(params.fold_budget, params.spill_shrink)
         for batch in batches:

@@ -632,7 +632,7 @@ def test_plain_key_lists_take_a_lookup_with_the_join_release(spark, monkeypatch,
     real_codes = flow.partitioned_codes
     monkeypatch.setattr(flow, "attach_key_index", lambda *a, **k: calls.append("join") or real_join(*a, **k))
     monkeypatch.setattr(flow, "index_by_literals", lambda *a, **k: calls.append("lit") or real_literal(*a, **k))
-    monkeypatch.setattr(flow, "partitioned_codes", lambda *a: (a[4] is not None and calls.append("udf")) or real_codes(*a))
+    monkeypatch.setattr(flow, "partitioned_codes", lambda *a, **k: (a[4] is not None and calls.append("udf")) or real_codes(*a, **k))
     literal = release()
     monkeypatch.setattr(module, "_LITERAL_KEYS", 0)
     looked_up = release()
@@ -650,12 +650,39 @@ def test_plain_key_lists_take_a_lookup_with_the_join_release(spark, monkeypatch,
     monkeypatch.setattr(module, "_LITERAL_KEYS", 0)
     monkeypatch.setattr(module, "_LOOKUP_KEY_BYTES", 16 << 20)
 
-    def rotated(rows, lower, upper, resolution, lookup):
+    def rotated(rows, lower, upper, resolution, lookup, **kw):
         key, data_type, values = lookup
         return real_codes(rows, lower, upper, resolution,
-                          (key, data_type, pa.concat_arrays([values[1:], values[:1]])))
+                          (key, data_type, pa.concat_arrays([values[1:], values[:1]])), **kw)
     monkeypatch.setattr(flow, "partitioned_codes", rotated)
     assert release() != joined
+
+
+def test_buckets_of_groups_release_each_group_once_from_its_own_rows(spark, monkeypatch):
+    """With more public keys than 2**PACK_BUCKET_BITS, the packed rows and the shuffle carry
+    buckets of 2**shift groups (here the bits lowered to 2: 8 groups a bucket, input in three
+    partitions): every key is still released once, from its own rows only, seed for seed as
+    with one group a bucket, and in production one row per key with its median."""
+    from dpq_spark.spark import _dataflow as flow
+
+    assert [flow.bucket_shift(g) for g in (1, 2**14, 2**14 + 1, 10**6)] == [0, 0, 1, 6]
+    groups = {i: (i,) for i in range(30)}  # keys 30 and 31 have no rows
+    df, medians = _frame(spark, groups, "g long, x double", rows_per_group=41)
+    df = df.repartition(3)
+    kw = dict(quantiles=[0.5], epsilon=HUGE, lower=0.0, upper=4000.0, group_by="g",
+              groups=list(range(32)))
+
+    def seeded():
+        return sorted(_rows(dp_quantiles(df, "x", rng=np.random.default_rng(7), **kw).collect()))
+
+    alone = seeded()
+    monkeypatch.setattr(flow, "PACK_BUCKET_BITS", 2)
+    assert flow.bucket_shift(32) == 3
+    assert seeded() == alone
+    out = dp_quantiles(df, "x", **kw).collect()
+    assert sorted(r["g"] for r in out) == list(range(32))
+    got = {r["g"]: r["value"] for r in out}
+    assert all(abs(got[i] - medians[i]) <= 2.5 for i in range(30))  # within the gap: 99 / 40
 
 
 def test_keys_with_a_null_or_of_doubles_keep_the_join(spark, monkeypatch):
@@ -666,7 +693,7 @@ def test_keys_with_a_null_or_of_doubles_keep_the_join(spark, monkeypatch):
     dl, _ = _frame(spark, {0: (1,), 1: (None,)}, "g long, x double", rows_per_group=11)
     monkeypatch.setattr(flow, "index_by_literals", None)  # would fail if called
     real_codes, lookups = flow.partitioned_codes, []
-    monkeypatch.setattr(flow, "partitioned_codes", lambda *a: lookups.append(a[4]) or real_codes(*a))
+    monkeypatch.setattr(flow, "partitioned_codes", lambda *a, **k: lookups.append(a[4]) or real_codes(*a, **k))
     for literal_keys in (32, 0):  # neither the literal lookup nor the UDF's
         monkeypatch.setattr(module, "_LITERAL_KEYS", literal_keys)
         for frame, groups in ((df, [1.0, 2.0]), (dl, [1, None])):

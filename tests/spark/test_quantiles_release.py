@@ -157,28 +157,31 @@ def test_fold_runs_merge_ties_across_runs_and_a_group_larger_than_the_budget(mon
 
 
 @pytest.mark.parametrize("ties", [False, True])
-def test_packed_rows_keep_every_groups_codes(monkeypatch, ties):
+@pytest.mark.parametrize("shift", [0, 2])
+def test_packed_rows_keep_every_groups_codes(monkeypatch, ties, shift):
     """pack_partition (before the shuffle) sorts codes in chunks and cuts them into rows of one
-    group and at most _PACK_WIDTH codes, with counts when tied; unpacking any mix of its rows
-    (rows of tied and of distinct chunks in one batch, as a shuffle delivers them) gives back
-    every code with its multiplicity."""
+    bucket (``gid >> shift``) and at most _PACK_WIDTH codes, with counts when tied; unpacking
+    any mix of its rows (rows of tied and of distinct chunks in one batch, as a shuffle delivers
+    them) gives back every code with its multiplicity, and every code travels in a row of its
+    group's bucket (what the shuffle partitions by)."""
     monkeypatch.setattr(_packing, "_PACK_ROWS", 1500)
     gen = np.random.default_rng(5)
-    gid = gen.integers(0, 6, 9000)
+    gid = gen.integers(0, 6 << shift, 9000)
     k = gen.integers(0, 40, 9000) if ties else gen.integers(0, 2**32 + 1, 9000)
     k[:3000] = gen.integers(0, 3, 3000)  # the first chunks tied whatever ``ties``
     codes = (gid << 33) + k
     raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 700])], names=[_columns.CODE])
            for i in range(0, codes.size, 700)]
-    packed = list(_packing.pack_partition(iter(raw), 1 << 33))
+    packed = list(_packing.pack_partition(iter(raw), 1 << 33, shift=shift))
     table = pa.Table.from_batches(packed)
-    assert table.schema.names == [_columns.GID, _columns.CODES, _columns.COUNTS]
+    assert table.schema.names == [_columns.BUCKET, _columns.CODES, _columns.COUNTS]
+    assert sorted(set(table.column(_columns.BUCKET).to_pylist())) == list(range(6))
     shuffled = table.take(gen.permutation(table.num_rows)).combine_chunks()
     got = {}
     for batch in shuffled.to_batches(max_chunksize=97):
         c, w = _packing.unpacked(batch)
         w = np.ones(c.size, dtype=np.int64) if w is None else w
-        assert np.all(c >> 33 == np.repeat(batch.column(_columns.GID).to_numpy(),
+        assert np.all(c >> (33 + shift) == np.repeat(batch.column(_columns.BUCKET).to_numpy(),
                                             _packing.int64s(batch.column(_columns.CODES))[1]))
         for code, n in zip(c.tolist(), w.tolist()):
             got[code] = got.get(code, 0) + n
