@@ -683,29 +683,59 @@ class _Dense:
         out[self.flat] = values
         return out.reshape(self.fw.G, self.W)
 
-    def _window(self, t, r0, r1):
-        """For targets ``t`` (one per group), on the receivers' columns ``[r0, r1)``: each
-        cell's first window source ``lo`` (the number of cells of rank ``<= p - t``, at most the
-        cell's own index) and which pieces make its window (:meth:`_blocks`), as flat indices
-        into the step's sums (padded to ``W + 1`` columns). Computed at every step on its own
-        columns: kept per target instead, they held more memory and were slower (measured,
-        2 December 2026)."""
-        G = self.fw.G
+    @staticmethod
+    def _tau(t):
+        """The blocks' length ``0.75 t`` (``t`` the targets, one per group) to 40 bits, and its
+        bytes as a key: the same blocks serve any t' with t' / 2 < 0.75 t < t', and the
+        rounding makes a row's blocks its own whatever the others' targets."""
+        mant, expo = np.frexp(np.where(t > 0, 0.75 * t, 1.0))
+        tau = np.ldexp(np.round(np.ldexp(mant, 40)), expo - 40)
+        return tau, tau.tobytes()
+
+    def _window(self, j, r0, r1):
+        """Step j's window on its receivers' columns ``[r0, r1)``: each cell's first window
+        source ``lo`` (the number of cells of rank ``<= p - t``, at most the cell's own index)
+        and, as flat indices into the step's sums (padded to ``W + 1`` columns), the pieces
+        that make its window (:meth:`_window_pieces`). The steps that share a target (every
+        step for equally spaced quantiles) read slices of one table, computed once on the
+        union of their columns."""
+        c0, table = self.windows[self._tau(self.fw.targets[:, j - 1])[1]]
+        return {name: a[:, r0 - c0:r1 - c0] for name, a in table.items()}
+
+    def _windows(self):
+        """The tables of :meth:`_window` for steps 2..m, one per distinct target's blocks, each
+        on the union of the receivers' columns of the steps that use it."""
+        first, end = self.first, self.end
+        spans = {}
+        for j in range(2, self.fw.m + 1):
+            t = self.fw.targets[:, j - 1]
+            r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())
+            key = self._tau(t)[1]
+            c0, c1, _ = spans.get(key, (r0, r1, t))
+            spans[key] = (min(c0, r0), max(c1, r1), t)
+        self.windows = {key: (c0, self._window_pieces(t, c0, c1)) for key, (c0, c1, t) in spans.items()}
+
+    def _window_pieces(self, t, r0, r1):
+        """For targets ``t`` (one per group), on the columns ``[r0, r1)``: ``lo``, the index of
+        the causal sum read (``at_lo``) and of the window's three pieces (:meth:`_blocks`): the
+        suffix of lo's block (``suf_at``, into the suffix sums), the prefix of the block of
+        ``i - 1`` (``pre_at``) and the one whole block between (``mid_at``, into the prefix
+        sums); a piece the window does not take reads an exact zero (column 0 of the prefix
+        sums, column W of the suffix sums: never written)."""
+        G, W = self.fw.G, self.W
         cols = self.col[r0:r1]
         # p' <= T iff 2 p' <= floor(2 T) (the 2 p' are integers): read in each row's table of
         # the number of cells with 2 p' <= x, x = -1..2 n_g
-        query = np.clip(np.floor(self.two_p[:, r0:r1] - 2.0 * t[:, None]), -1.0, self.two_top)
+        query = np.floor(self.two_p[:, r0:r1] - 2.0 * t[:, None])
+        np.maximum(query, -1.0, out=query)
+        np.minimum(query, self.two_top, out=query)
         if self.count_le is not None:
             lo = self.count_le.take(query.astype(np.int64) + self.le_row)
         else:
             lo = np.searchsorted(self.keys, (query + self.key_row).ravel(), side="right")
             lo = lo.reshape(G, r1 - r0) - self.w_row
         lo = np.minimum(lo, cols)
-        # blocks of ranks of length 0.75 t: the same blocks serve any t' with t' / 2 < 0.75 t < t';
-        # 0.75 t to 40 bits, so that a row's blocks are its own whatever the others' targets
-        mant, expo = np.frexp(np.where(t > 0, 0.75 * t, 1.0))
-        tau = np.ldexp(np.round(np.ldexp(mant, 40)), expo - 40)
-        key = tau.tobytes()
+        tau, key = self._tau(t)
         if key not in self.blocks:
             self.blocks[key] = self._blocks(tau)
         bs, be, steps = self.blocks[key]
@@ -713,13 +743,14 @@ class _Dense:
         sf[:, r0 == 0:] = bs[:, max(r0 - 1, 0):r1 - 1]
         be_lo = be.take(lo + self.w_row)
         nonempty = lo < cols
+        at_lo = lo + self.w1_row
         # window [lo, i): within one block it is the prefix of the block of i - 1 (lo = sf) or a
         # suffix of lo's block (lo > sf); else that suffix, the prefix and at most one whole block
-        return dict(lo=lo, steps=steps, at_lo=lo + self.w1_row,
-                    at_mid=np.maximum(sf, 1) + self.w1_row,  # pre column x + 1: the prefix at x
-                    use_pre=(nonempty & (lo <= sf)).astype(np.float64),
-                    use_suf=(nonempty & (lo != sf)).astype(np.float64),
-                    use_mid=(nonempty & (lo < sf) & (be_lo < sf - 1)).astype(np.float64))
+        return dict(lo=lo, at_lo=at_lo,
+                    suf_at=np.where(nonempty & (lo != sf), at_lo, W),
+                    pre_at=np.where(nonempty & (lo <= sf), cols + self.w1_row, 0),  # prefix at i - 1
+                    mid_at=np.where(nonempty & (lo < sf) & (be_lo < sf - 1),
+                                    np.maximum(sf, 1) + self.w1_row, 0))  # the prefix at sf - 1
 
     def _blocks(self, tau):
         """Blocks of ranks ``[b tau, (b + 1) tau)`` (``tau`` per group, ``0.75 t``): each cell's
@@ -796,6 +827,7 @@ class _Dense:
         self.top_r = log_r.max(axis=2).T  # (G, kmax): the largest log R_k of each row
         ok &= self.top_r[np.arange(G), row_kmax - 1] <= _DENSE_SOURCES
         self.R = np.exp(log_r, out=log_r)
+        self._windows()
         return ok
 
     def _kernel(self, j, s_prev, at, ok):
@@ -804,7 +836,8 @@ class _Dense:
         fw, c = self.fw, self.fw.c
         first, end = self.first, self.end
         r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())  # the receivers' columns
-        st = self._window(fw.targets[:, j - 1], r0, r1)
+        st = self._window(j, r0, r1)
+        steps = self.blocks[self._tau(fw.targets[:, j - 1])[1]][2]
         rows = np.arange(fw.G)
         s0 = int(min(first[:, j - 2].min(), st["lo"][rows, first[:, j - 1] - r0].min()))
         e0 = int(max(end[:, j - 2].max(), r1))  # every source and window start lies in [s0, e0)
@@ -812,7 +845,9 @@ class _Dense:
         e.fill(0.0)
         src = np.exp(s_prev, out=e[:, at - s0:at - s0 + s_prev.shape[1]])
         ok &= np.where(src > 0.0, src, 1.0).min(axis=1) >= _MIN_SOURCE
-        x = np.clip(self.P[:, s0:e0] - self.p0[:, j - 2, None], 0.0, self.span[:, j - 2, None])
+        x = np.subtract(self.P[:, s0:e0], self.p0[:, j - 2, None])
+        np.maximum(x, 0.0, out=x)
+        np.minimum(x, self.span[:, j - 2, None], out=x)
         x *= c
         Ep = np.exp(x)
         Em = np.exp(np.negative(x, out=x), out=x)
@@ -821,7 +856,7 @@ class _Dense:
         np.cumsum(np.multiply(e, Ep, out=self.tmp[:, s0:e0]), axis=1, out=causal[:, s0 + 1:e0 + 1])
         v = np.multiply(e, Em, out=pre[:, s0 + 1:e0 + 1])  # pre column x + 1: the prefix at x
         suf[:, s0:e0] = v
-        for d, mp, ms in st["steps"]:  # in-block scans; where a mask is false nothing is added
+        for d, mp, ms in steps:  # in-block scans; where a mask is false nothing is added
             if d >= e0 - s0:
                 break
             head, tail = pre[:, s0 + 1 + d:e0 + 1], suf[:, s0:e0 - d]
@@ -830,9 +865,9 @@ class _Dense:
         ect = np.exp(c * fw.targets[:, j - 1])[:, None]
         part = causal.take(st["at_lo"]) * Em[:, r0 - s0:r1 - s0]
         part *= ect
-        win = suf.take(st["at_lo"]) * st["use_suf"]
-        win += pre[:, r0:r1] * st["use_pre"]  # the prefix at i - 1
-        win += pre.take(st["at_mid"]) * st["use_mid"]
+        win = suf.take(st["suf_at"])
+        win += pre.take(st["pre_at"])
+        win += pre.take(st["mid_at"])
         win *= Ep[:, r0 - s0:r1 - s0]
         win /= ect
         part += win
