@@ -8,6 +8,7 @@ Run standalone; it starts its own local session with default memory settings (or
     .venv/bin/python benchmarks/bench_spark.py --only small,keys --connect   # on Spark Connect
     .venv/bin/python benchmarks/bench_spark.py --only global --driver-memory 4g  # bigger local driver
     .venv/bin/python benchmarks/bench_spark.py --only many --many-groups 1000,10000,100000
+    .venv/bin/python benchmarks/bench_spark.py --only many --many-groups 10000 --stages  # where the time goes
     .venv/bin/python benchmarks/bench_spark.py --profile-worker 20000:100   # no Spark: cProfile
 
 Cases (targets in brackets):
@@ -40,7 +41,9 @@ many       1e7 rows of N(0, 5) in G equal groups (``--many-groups``, default 1e3
            of each side (``--repeat`` changes two), and the peak resident memory of the Python
            workers during the timed dp_quantiles calls (VmHWM reset through
            ``/proc/PID/clear_refs`` before them; Linux, classic sessions) [<= 1.0x
-           percentile_approx, worker peak < 512 MiB]
+           percentile_approx, worker peak < 512 MiB]; with ``--stages`` one more call of each
+           side prints its Spark stages (tasks, wall and task times, JVM CPU, shuffle bytes,
+           the slowest task) and the call's time outside them
 
 The accuracy cases print percentile_approx's error on the same data too (not private; for
 scale). ``--quick`` divides the sizes by 100 (at least 1,000 rows).
@@ -69,7 +72,7 @@ QUARTILES = [0.25, 0.5, 0.75]
 PERCENTILES = [i / 100 for i in range(1, 100)]
 
 
-def _session(connect: bool, driver_memory: str | None = None):
+def _session(connect: bool, driver_memory: str | None = None, ui: bool = False):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -77,7 +80,7 @@ def _session(connect: bool, driver_memory: str | None = None):
     builder = builder.remote("local[2]") if connect else builder.master("local[2]")
     if driver_memory is not None:  # the local driver JVM is started here, so this applies
         builder = builder.config("spark.driver.memory", driver_memory)
-    spark = (builder.config("spark.ui.enabled", "false")
+    spark = (builder.config("spark.ui.enabled", "true" if ui else "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -355,6 +358,45 @@ def case_timestamps(spark, F, dp_quantiles, joint_exp, size, repeats=20):
 
 MANY_GROUPS = (1_000, 10_000, 100_000, 1_000_000)
 MANY_REPEATS = 2  # many: timed calls of each side (the best is kept); --repeat sets it
+STAGES = False  # many: --stages, one more call of each side with Spark's stage metrics
+
+
+def _stage_report(spark, name: str, call) -> None:
+    """Run ``call`` once and print the Spark stages it ran, from the UI's REST API
+    (``/api/v1/applications/<id>/stages``): tasks, the stage's wall time, the sum of its
+    tasks' run times and JVM CPU, shuffle bytes and the slowest task; then the call's wall time
+    outside those stages (the driver's own work, job scheduling, reading the result)."""
+    import datetime
+    import json
+    import urllib.request
+
+    base = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}"
+
+    def stages():
+        with urllib.request.urlopen(base + "/stages") as r:
+            return json.load(r)
+
+    def when(text):
+        return datetime.datetime.strptime(text.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+
+    seen = {s["stageId"] for s in stages()}
+    wall = _timed(call)[0]
+    time.sleep(1.0)  # the listener's last updates
+    inside = 0.0
+    for s in sorted(stages(), key=lambda s: s["stageId"]):
+        if s["stageId"] in seen or s["status"] != "COMPLETE":
+            continue
+        took = (when(s["completionTime"]) - when(s["submissionTime"])).total_seconds()
+        inside += took
+        with urllib.request.urlopen(f"{base}/stages/{s['stageId']}/{s['attemptId']}/taskList"
+                                    "?length=100000") as r:
+            slowest = max(t["duration"] for t in json.load(r)) / 1e3
+        print(f"  stages    {name:18s} stage {s['stageId']:3d}: {s['numTasks']:4d} tasks, "
+              f"{took:6.2f} s wall, tasks {s['executorRunTime'] / 1e3:6.2f} s (JVM CPU "
+              f"{s['executorCpuTime'] / 1e9:5.2f} s), slowest {slowest:5.2f} s, shuffle read/write "
+              f"{s['shuffleReadBytes'] / 1e6:6.1f}/{s['shuffleWriteBytes'] / 1e6:6.1f} MB", flush=True)
+    print(f"  stages    {name:18s} call {wall:6.2f} s, of it {wall - inside:5.2f} s outside the "
+          f"stages (driver, scheduling, the result's read)", flush=True)
 
 
 def case_many(spark, F, dp_quantiles, size, groups_list=MANY_GROUPS, rows=10_000_000):
@@ -387,6 +429,9 @@ def case_many(spark, F, dp_quantiles, size, groups_list=MANY_GROUPS, rows=10_000
                 for _ in range(MANY_REPEATS):
                     dps.append(_timed(lambda: dp_call(df))[0])
                     aps.append(_timed(lambda: approx_call(df))[0])
+            if STAGES:
+                _stage_report(spark, "dp_quantiles", lambda: dp_call(df))
+                _stage_report(spark, "percentile_approx", lambda: approx_call(df))
             worker = (f"{peak.peak_kib / 1024:.0f} MiB" if peak.seen else
                       "not measured (Connect or not Linux)")
             t_dp, t_ap = min(dps), min(aps)
@@ -442,7 +487,7 @@ def profile_worker(groups: int, rows: int, top: int = 14) -> None:
 
 
 def main(argv=None) -> None:
-    global REPEATS, MANY_REPEATS
+    global REPEATS, MANY_REPEATS, STAGES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument("--quick", action="store_true", help="sizes / 100 (a smoke run)")
@@ -458,6 +503,9 @@ def main(argv=None) -> None:
                              f"{','.join(str(g) for g in MANY_GROUPS)})")
     parser.add_argument("--many-rows", type=float, default=1e7,
                         help="many: rows in all (default 1e7; 1e8 for the larger table)")
+    parser.add_argument("--stages", action="store_true",
+                        help="many: one more call of each side, printing its Spark stages "
+                             "(tasks, wall, task and JVM CPU time, shuffle bytes; classic only)")
     parser.add_argument("--profile-worker", default=None, metavar="GROUPS:ROWS",
                         help="no Spark: profile the Python workers' release of GROUPS groups of "
                              "ROWS rows in one process (e.g. 20000:100) and exit")
@@ -469,6 +517,9 @@ def main(argv=None) -> None:
             parser.error(f"--profile-worker must be GROUPS:ROWS, got {args.profile_worker!r}")
         profile_worker(groups, rows)
         return
+    if args.stages and args.connect:
+        parser.error("--stages reads the classic session's UI: not with --connect")
+    STAGES = args.stages
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be at least 1")
     if args.repeat is not None:
@@ -488,7 +539,7 @@ def main(argv=None) -> None:
     def size(n: int) -> int:
         return max(n // 100, 1000) if args.quick else n
 
-    spark = _session(args.connect, args.driver_memory)
+    spark = _session(args.connect, args.driver_memory, ui=args.stages)
     from pyspark.sql import functions as F
 
     from dpq_spark import dp_quantiles
