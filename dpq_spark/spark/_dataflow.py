@@ -259,7 +259,8 @@ def partitioned_codes(rows: DataFrame, lower, upper, resolution: int,
     one partition, with the same multiset of codes. Shuffling packed rows instead of one row
     per data row is what makes this cheap: on 1e7 rows in 1,000 groups (local[2]) the shuffle
     and transfer to Python took 3.4-3.7 s instead of 4.6-5.2 s; with 1e6 groups, rows of a
-    bucket of 64 groups instead of rows of one group are 2e4 packed rows instead of 2e6.
+    bucket of 64 groups instead of rows of one group are 1.5e5 packed rows instead of 9.6e6
+    (each map task packs a million codes at a time: with rows of one group, nearly a row a code).
 
     Both frames carry their schema (``DataFrame.to``), so that a Spark Connect client need not
     ask the server for it: ``mapInArrow`` reads its input's columns, which would otherwise cost
