@@ -1218,7 +1218,7 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     # Lower bound 1: the reference sequence.
     centre = _search_in_groups(pos, coff, cum_target, rows, "right") - 1
     span = np.arange(-32, 33)
-    cand = np.clip(centre[:, :, None] + span[None, None, :], 0, (K - 1)[:, None, None])
+    cand = np.minimum(np.maximum(centre[:, :, None] + span[None, None, :], 0), (K - 1)[:, None, None])
     at = cand + base[:, :, None]
     score = log_width[at] - 2.0 * c * np.abs(pos[at] - cum_target[:, :, None])
     best = np.argmax(score, axis=2)
@@ -1286,7 +1286,7 @@ def _flat_boxes(start, pos, n, coff, q, c):
     valid = (right > left) & (np.arange(L)[None, None, :] <= tops[:, None, None])
     Kb = K[:, None, None]
     lc = np.minimum(left, Kb - 1)
-    rc = np.clip(right - 1, 0, Kb - 1)
+    rc = np.minimum(np.maximum(right - 1, 0), Kb - 1)
     base = coff[:-1, None, None]
     dist = np.maximum(np.abs(pos[lc + base] - cum[:, :, None]),
                       np.abs(pos[rc + base] - cum[:, :, None]))

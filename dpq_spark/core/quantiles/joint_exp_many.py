@@ -696,21 +696,22 @@ class _Dense:
         """Step j's window on its receivers' columns ``[r0, r1)``: each cell's first window
         source ``lo`` (the number of cells of rank ``<= p - t``, at most the cell's own index)
         and, as flat indices into the step's sums (padded to ``W + 1`` columns), the pieces
-        that make its window (:meth:`_window_pieces`). The steps that share a target (every
-        step for equally spaced quantiles) read slices of one table, computed once on the
-        union of their columns."""
-        c0, table = self.windows[self._tau(self.fw.targets[:, j - 1])[1]]
+        that make its window (:meth:`_window_pieces`). The steps whose targets are the same
+        floats read slices of one table, computed once on the union of their columns (each
+        number as the step alone would compute it: the table depends on the targets only)."""
+        c0, table = self.windows[self.fw.targets[:, j - 1].tobytes()]
         return {name: a[:, r0 - c0:r1 - c0] for name, a in table.items()}
 
     def _windows(self):
-        """The tables of :meth:`_window` for steps 2..m, one per distinct target's blocks, each
-        on the union of the receivers' columns of the steps that use it."""
+        """The tables of :meth:`_window` for steps 2..m, one per distinct vector of targets (the
+        same float for every group: equal bytes), each on the union of the receivers' columns
+        of the steps that have it."""
         first, end = self.first, self.end
         spans = {}
         for j in range(2, self.fw.m + 1):
             t = self.fw.targets[:, j - 1]
             r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())
-            key = self._tau(t)[1]
+            key = t.tobytes()
             c0, c1, _ = spans.get(key, (r0, r1, t))
             spans[key] = (min(c0, r0), max(c1, r1), t)
         self.windows = {key: (c0, self._window_pieces(t, c0, c1)) for key, (c0, c1, t) in spans.items()}
@@ -837,7 +838,7 @@ class _Dense:
         first, end = self.first, self.end
         r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())  # the receivers' columns
         st = self._window(j, r0, r1)
-        steps = self.blocks[self._tau(fw.targets[:, j - 1])[1]][2]
+        steps = self.blocks[self._tau(fw.targets[:, j - 1])[1]][2]  # made by _window_pieces
         rows = np.arange(fw.G)
         s0 = int(min(first[:, j - 2].min(), st["lo"][rows, first[:, j - 1] - r0].min()))
         e0 = int(max(end[:, j - 2].max(), r1))  # every source and window start lies in [s0, e0)

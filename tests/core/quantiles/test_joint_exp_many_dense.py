@@ -152,6 +152,30 @@ def test_dense_tables_are_the_same_in_any_batch():
     assert checked >= 8
 
 
+def _bits_of_accepted(fw, ok):
+    return [t.view(np.int64).tobytes() for g in np.flatnonzero(ok) for t in _group_tables(fw, g)]
+
+
+@pytest.mark.parametrize("m, eps, seed", [(9, 1.0, 1), (19, 3.0, 3), (3, 0.3, 2)])
+def test_shared_windows_are_each_steps_own_bit_for_bit(monkeypatch, m, eps, seed):
+    """The steps whose targets are the same floats share one window table (``_windows``);
+    every table of every accepted group equals, bit for bit, the pass that computes each
+    step's window on its own columns from its own target. Equally spaced quantiles give
+    targets a few ulps apart (deciles of 1,000 rows: 99.99999999999997, 100, 100.00000000000003,
+    ...) and ``floor(2 p - 2 t)`` then differs between them, so sharing a table across targets
+    that are merely close (the blocks' 40-bit key) changes some windows: that variant fails."""
+    cells, q, c, size = _cases(m, "add_remove", eps, np.random.default_rng(seed))
+    shared, ok = _tables(cells, q, c, size, dense=True)
+
+    def own(self, j, r0, r1):
+        return self._window_pieces(self.fw.targets[:, j - 1], r0, r1)
+
+    monkeypatch.setattr(JM._Dense, "_window", own)
+    alone, ok_alone = _tables(cells, q, c, size, dense=True)
+    assert np.array_equal(ok, ok_alone) and ok.sum() >= 4
+    assert _bits_of_accepted(shared, ok) == _bits_of_accepted(alone, ok)
+
+
 def test_window_starts_by_search_equal_the_rank_table(monkeypatch):
     """Rows with many ties find their window starts by one search instead of a table of their
     ranks: the same tables, bit for bit."""
