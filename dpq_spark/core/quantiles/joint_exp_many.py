@@ -696,11 +696,12 @@ class _Dense:
         """Step j's window on its receivers' columns ``[r0, r1)``: each cell's first window
         source ``lo`` (the number of cells of rank ``<= p - t``, at most the cell's own index)
         and, as flat indices into the step's sums (padded to ``W + 1`` columns), the pieces
-        that make its window (:meth:`_window_pieces`). The steps whose targets are the same
-        floats read slices of one table, computed once on the union of their columns (each
-        number as the step alone would compute it: the table depends on the targets only)."""
-        c0, table = self.windows[self.fw.targets[:, j - 1].tobytes()]
-        return {name: a[:, r0 - c0:r1 - c0] for name, a in table.items()}
+        that make its window (:meth:`_window_pieces`), with the blocks' scan masks. The steps
+        whose targets are the same floats read slices of one table, computed once on the union
+        of their columns (each number as the step alone would compute it: the table depends on
+        the targets only)."""
+        c0, table, steps = self.windows[self.fw.targets[:, j - 1].tobytes()]
+        return {name: a[:, r0 - c0:r1 - c0] for name, a in table.items()}, steps
 
     def _windows(self):
         """The tables of :meth:`_window` for steps 2..m, one per distinct vector of targets (the
@@ -714,7 +715,7 @@ class _Dense:
             key = t.tobytes()
             c0, c1, _ = spans.get(key, (r0, r1, t))
             spans[key] = (min(c0, r0), max(c1, r1), t)
-        self.windows = {key: (c0, self._window_pieces(t, c0, c1)) for key, (c0, c1, t) in spans.items()}
+        self.windows = {key: (c0, *self._window_pieces(t, c0, c1)) for key, (c0, c1, t) in spans.items()}
 
     def _window_pieces(self, t, r0, r1):
         """For targets ``t`` (one per group), on the columns ``[r0, r1)``: ``lo``, the index of
@@ -722,7 +723,8 @@ class _Dense:
         suffix of lo's block (``suf_at``, into the suffix sums), the prefix of the block of
         ``i - 1`` (``pre_at``) and the one whole block between (``mid_at``, into the prefix
         sums); a piece the window does not take reads an exact zero (column 0 of the prefix
-        sums, column W of the suffix sums: never written)."""
+        sums, column W of the suffix sums: never written). Returns them and the Hillis-Steele
+        masks of the blocks' scans."""
         G, W = self.fw.G, self.W
         cols = self.col[r0:r1]
         # p' <= T iff 2 p' <= floor(2 T) (the 2 p' are integers): read in each row's table of
@@ -751,7 +753,7 @@ class _Dense:
                     suf_at=np.where(nonempty & (lo != sf), at_lo, W),
                     pre_at=np.where(nonempty & (lo <= sf), cols + self.w1_row, 0),  # prefix at i - 1
                     mid_at=np.where(nonempty & (lo < sf) & (be_lo < sf - 1),
-                                    np.maximum(sf, 1) + self.w1_row, 0))  # the prefix at sf - 1
+                                    np.maximum(sf, 1) + self.w1_row, 0)), steps  # prefix at sf - 1
 
     def _blocks(self, tau):
         """Blocks of ranks ``[b tau, (b + 1) tau)`` (``tau`` per group, ``0.75 t``): each cell's
@@ -837,8 +839,7 @@ class _Dense:
         fw, c = self.fw, self.fw.c
         first, end = self.first, self.end
         r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())  # the receivers' columns
-        st = self._window(j, r0, r1)
-        steps = self.blocks[self._tau(fw.targets[:, j - 1])[1]][2]  # made by _window_pieces
+        st, steps = self._window(j, r0, r1)
         rows = np.arange(fw.G)
         s0 = int(min(first[:, j - 2].min(), st["lo"][rows, first[:, j - 1] - r0].min()))
         e0 = int(max(end[:, j - 2].max(), r1))  # every source and window start lies in [s0, e0)
