@@ -22,8 +22,8 @@ Two forward passes compute the same tables, and a group's own data decide which 
 
 In both, every number of a group's forward tables depends on that group alone, so it is the
 same in any batch as in a batch of one (tested, bit for bit). The backward pass runs on all
-groups' rows together with :func:`~dpq_spark.core.randomness.grid.draw_index_rows` on padded
-rows (exact for the same float64 weights as :func:`~dpq_spark.core.randomness.grid.draw_index`;
+groups' rows together with :func:`~dpq_spark.core.randomness.grid.draw_index_rows` and
+:func:`~dpq_spark.core.randomness.grid.draw_index_segments` (exact for the same float64 weights as :func:`~dpq_spark.core.randomness.grid.draw_index`;
 it consumes randomness in another order) and
 :func:`~dpq_spark.core.randomness.grid.uniform_multisets`.
 
@@ -74,7 +74,8 @@ import math
 import numpy as np
 
 from dpq_spark.core.quantiles._logscan import logaddexp, segment_ends, segmented_scans
-from dpq_spark.core.randomness.grid import draw_index, draw_index_rows, uniform_multiset, uniform_multisets
+from dpq_spark.core.randomness.grid import (draw_index, draw_index_rows, draw_index_segments,
+                                             uniform_multiset, uniform_multisets)
 from dpq_spark.core.quantiles.joint_exp import (
     _LOG_RUN_TOL,
     _add_causal,
@@ -416,7 +417,7 @@ def _sample_many(cells_list, q, c, size, source, rows=None, bands=None) -> np.nd
     group alone (module docstring): bands come from :func:`_bands` per group, and the forward
     tables (:class:`_Forward`) are the same float64 numbers in any batch, a batch of one
     included. The backward pass
-    draws every row's cells with :func:`~dpq_spark.core.randomness.grid.draw_index_rows` on padded rows
+    draws every row's cells with :func:`~dpq_spark.core.randomness.grid.draw_index_segments`
     (exact for the same float64 weights; it consumes randomness in another order than per-group
     :func:`~dpq_spark.core.randomness.grid.draw_index` would) and each run's grid points with
     :func:`~dpq_spark.core.randomness.grid.uniform_multisets`. Rows are independent given the data.
@@ -991,7 +992,7 @@ def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarr
 
 #: rows of at most this many weights go through draw_index_rows (int64 envelope units)
 _ROW_CELLS = 1 << 22
-#: a padded block of rows holds at most this many weights
+#: a block of segments holds at most this many weights, counted as padded to its longest
 _BLOCK_CELLS = 1 << 21
 
 
@@ -1014,9 +1015,9 @@ def _draw_padded(log_w: np.ndarray, source) -> np.ndarray:
 def _draw_segments(log_w: np.ndarray, at: np.ndarray, length: np.ndarray, source) -> np.ndarray:
     """One exact draw per segment ``log_w[at[r] : at[r] + length[r]]`` (each non-empty): the
     index within the segment, with probability exactly ``w / sum(w)`` for the float64 weights
-    ``exp(log_w - max)`` of :func:`~dpq_spark.core.randomness.grid.draw_index_rows` (segments of similar
-    lengths padded into blocks of rows) or, for very long segments, of
-    :func:`~dpq_spark.core.randomness.grid.draw_index`."""
+    ``exp(log_w - max)`` of :func:`~dpq_spark.core.randomness.grid.draw_index_segments` (blocks
+    of segments of similar lengths, drawn as draw_index_rows would draw them padded into rows)
+    or, for very long segments, of :func:`~dpq_spark.core.randomness.grid.draw_index`."""
     out = np.empty(length.size, dtype=np.int64)
     if length.size == 1:  # see _draw_padded
         out[0] = draw_index(log_w[int(at[0]):int(at[0]) + int(length[0])], source)
@@ -1035,11 +1036,8 @@ def _draw_segments(log_w: np.ndarray, at: np.ndarray, length: np.ndarray, source
             b += 1
         block = order[a:b]
         n = length[block]
-        pad = np.full((block.size, int(n.max())), -np.inf)
-        row = np.repeat(np.arange(block.size), n)
-        col = np.arange(row.size) - np.repeat(np.cumsum(n) - n, n)
-        pad[row, col] = log_w[at[block][row] + col]
-        out[block] = draw_index_rows(pad, source)
+        segments = log_w[np.arange(int(n.sum())) + np.repeat(at[block] - (np.cumsum(n) - n), n)]
+        out[block] = draw_index_segments(segments, n, source)  # in the block's order
         a = b
     return out
 

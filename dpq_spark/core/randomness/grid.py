@@ -79,6 +79,7 @@ __all__ = [
     "MAX_GRID_STEPS",
     "draw_index",
     "draw_index_rows",
+    "draw_index_segments",
     "uniform_multisets",
     "jitter_indices",
     "round_indices",
@@ -419,37 +420,98 @@ def draw_index_rows(log_w: np.ndarray, source, depth: int = _ROW_DEPTH) -> np.nd
     if S == 1 or G == 0:
         return np.zeros(G, dtype=np.int64)
     w = np.exp(log_w - log_w.max(axis=1, keepdims=True))
-    level, f53 = _levels(w)
-    shallow = level <= depth
-    units = np.where(shallow, np.left_shift(1, depth - np.minimum(level, depth)),
-                     (w > 0.0).astype(np.int64))
-    cum = np.cumsum(units, axis=1)
-    out = np.empty(G, dtype=np.int64)
-    todo = np.arange(G)
-    while todo.size:
-        # K proposals per row in one round: each is accepted with probability >= 1/2, and the
-        # first accepted one of an i.i.d. sequence is what rejection returns one at a time
-        # (the later ones are independent of it and discarded), so this is the same law in
-        # fewer rounds
-        T = todo.size
-        K = int(min(_PROPOSALS, max(1, _ROUND_CELLS // (T * S))))
-        rows = np.repeat(todo, K)
-        u = source.below_array(cum[rows, -1])
-        r = _first_above(cum, rows, u)  # the unit's weight
-        accept = np.zeros(rows.size, dtype=bool)
-        near = shallow[rows, r]
-        if near.any():
-            coin = source.bits_array(53, int(near.sum()))
-            accept[near] = coin < f53[rows[near], r[near]]
-        for i in np.flatnonzero(~near).tolist():  # a deep weight: f 2**(depth - L)
-            g, col = int(rows[i]), int(r[i])
-            accept[i] = source.below(1 << (53 + int(level[g, col]) - depth)) < int(f53[g, col])
-        accept, r = accept.reshape(T, K), r.reshape(T, K)
-        done = accept.any(axis=1)
-        first = accept.argmax(axis=1)
-        out[todo[done]] = r[done, first[done]]
-        todo = todo[~done]
-    return out
+    env = _Envelope(w.ravel(), depth)
+    cum = np.cumsum(env.units.reshape(G, S), axis=1)
+
+    def pick(rows, u):
+        r = _first_above(cum, rows, u)
+        return r, rows * S + r
+
+    return env.rounds(cum[:, -1], pick, S, source)
+
+
+def draw_index_segments(log_w: np.ndarray, lengths: np.ndarray, source, width: int | None = None,
+                        depth: int = _ROW_DEPTH) -> np.ndarray:
+    """:func:`draw_index_rows` on rows of different lengths laid end to end, without padding.
+
+    Segment g is ``log_w[o_g : o_g + lengths[g]]`` (``o_g`` the sum of the lengths before it;
+    every length at least 1, every segment with a finite entry); the result is each segment's
+    drawn index within it (int64). For the same state of ``source`` it draws exactly what
+    :func:`draw_index_rows` draws on the segments padded with ``-inf`` to ``width`` columns
+    (default: the longest segment): the same envelope units, the same proposals per round
+    (``width`` sets their number, as the padded row length does), the same candidate (the
+    first entry whose running sum of units exceeds the uniform unit, found here by one search
+    of the running sum over all segments) and the same acceptance tests, in the same order.
+    The running sum is exact int64: at most ``2**(62 - depth)`` weights in all.
+    """
+    log_w = np.asarray(log_w, dtype=np.float64)
+    n = np.asarray(lengths, dtype=np.int64)
+    G = n.size
+    S = int(n.max(initial=1)) if width is None else int(width)
+    if log_w.ndim != 1 or log_w.size != int(n.sum()) or (G and (n.min() < 1 or S < n.max())):
+        raise ValueError("`log_w` must be 1-d and hold the segments of `lengths` (each >= 1 and"
+                         " at most `width`)")
+    if log_w.size > 1 << (62 - depth):
+        raise ValueError(f"at most 2**{62 - depth} weights in all, got {log_w.size}")
+    if S == 1 or G == 0:
+        return np.zeros(G, dtype=np.int64)
+    starts = np.cumsum(n) - n
+    w = np.exp(log_w - np.repeat(np.maximum.reduceat(log_w, starts), n))
+    env = _Envelope(w, depth)
+    cum = np.cumsum(env.units)
+    ends = cum[starts + n - 1]
+    base = ends - np.diff(ends, prepend=0)  # the running sum before each segment
+
+    def pick(rows, u):
+        at = np.searchsorted(cum, base[rows] + u, side="right")
+        return at - starts[rows], at
+
+    return env.rounds(ends - base, pick, S, source)
+
+
+class _Envelope:
+    """The rejection envelope of :func:`draw_index_rows` over weights ``w`` in [0, 1] (flat):
+    each weight's level, 53-bit mantissa and envelope units, and the rounds of proposals."""
+
+    def __init__(self, w: np.ndarray, depth: int):
+        self.depth = depth
+        self.level, self.f53 = _levels(w)
+        self.shallow = self.level <= depth
+        self.units = np.where(self.shallow, np.left_shift(1, depth - np.minimum(self.level, depth)),
+                              (w > 0.0).astype(np.int64))
+
+    def rounds(self, total: np.ndarray, pick, S: int, source) -> np.ndarray:
+        """One accepted index per row: ``total`` is each row's envelope units, ``pick(rows,
+        u)`` the column and flat position of the unit ``u`` of each proposal's row; ``S`` (the
+        row length) sets the proposals per round."""
+        G = total.size
+        out = np.empty(G, dtype=np.int64)
+        todo = np.arange(G)
+        depth, level, f53 = self.depth, self.level, self.f53
+        while todo.size:
+            # K proposals per row in one round: each is accepted with probability >= 1/2, and
+            # the first accepted one of an i.i.d. sequence is what rejection returns one at a
+            # time (the later ones are independent of it and discarded), so this is the same
+            # law in fewer rounds
+            T = todo.size
+            K = int(min(_PROPOSALS, max(1, _ROUND_CELLS // (T * S))))
+            rows = np.repeat(todo, K)
+            u = source.below_array(total[rows])
+            r, at = pick(rows, u)  # the unit's weight
+            accept = np.zeros(rows.size, dtype=bool)
+            near = self.shallow[at]
+            if near.any():
+                coin = source.bits_array(53, int(near.sum()))
+                accept[near] = coin < f53[at[near]]
+            for i in np.flatnonzero(~near).tolist():  # a deep weight: f 2**(depth - L)
+                x = int(at[i])
+                accept[i] = source.below(1 << (53 + int(level[x]) - depth)) < int(f53[x])
+            accept, r = accept.reshape(T, K), r.reshape(T, K)
+            done = accept.any(axis=1)
+            first = accept.argmax(axis=1)
+            out[todo[done]] = r[done, first[done]]
+            todo = todo[~done]
+        return out
 
 
 def _levels(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

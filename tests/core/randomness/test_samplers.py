@@ -312,6 +312,45 @@ def test_first_above_halving_finds_the_column_a_whole_row_comparison_finds(S):
     assert np.array_equal(_first_above(cum, rows, u), want)
 
 
+@pytest.mark.parametrize("depth, width", [(40, None), (40, 2000), (1, None)])
+def test_draw_index_segments_draws_what_padded_rows_draw(depth, width):
+    """Segments of mixed lengths (1 to 600 weights, zero weights, one segment far below the
+    others' scale) laid end to end draw, seed for seed, the indices draw_index_rows draws on the
+    same segments padded with -inf (to ``width`` columns: it sets the proposals per round, 2
+    a row at 2,000 instead of 4);
+    depth 1 sends most candidates through the deep test."""
+    from dpq_spark.core.randomness.grid import draw_index_rows, draw_index_segments
+
+    gen = np.random.default_rng(depth + (width or 0))
+    lengths = np.concatenate([[1, 2, 600], gen.integers(1, 400, size=200)])
+    log_w = gen.normal(0.0, 8.0, int(lengths.sum()))
+    log_w[gen.random(log_w.size) < 0.2] = -np.inf
+    starts = np.cumsum(lengths) - lengths
+    log_w[starts] = np.maximum(log_w[starts], 0.0)  # every segment has mass
+    log_w[starts[5]:starts[5] + lengths[5]] -= 900.0
+    pad = np.full((lengths.size, width or int(lengths.max())), -np.inf)
+    for g, (a, n) in enumerate(zip(starts, lengths)):
+        pad[g, :n] = log_w[a:a + n]
+    for seed in range(5):
+        got = draw_index_segments(log_w, lengths, resolve_rng(np.random.default_rng(seed)),
+                                  width=width, depth=depth)
+        want = draw_index_rows(pad, resolve_rng(np.random.default_rng(seed)), depth=depth)
+        assert np.array_equal(got, want)
+        assert np.all(got < lengths) and np.all(np.isfinite(log_w[starts + got]))
+
+
+def test_draw_index_segments_refuses_segments_that_do_not_add_up():
+    from dpq_spark.core.randomness.grid import draw_index_segments
+
+    source = resolve_rng(np.random.default_rng(0))
+    with pytest.raises(ValueError, match="segments"):
+        draw_index_segments(np.zeros(5), np.array([2, 2]), source)
+    with pytest.raises(ValueError, match="segments"):
+        draw_index_segments(np.zeros(4), np.array([4, 0]), source)
+    with pytest.raises(ValueError, match="segments"):
+        draw_index_segments(np.zeros(4), np.array([4]), source, width=3)
+
+
 def test_draw_index_rows_deep_weights_are_accepted_in_proportion(monkeypatch):
     """With depth 1 the deep path decides most draws; accepting every deep candidate (envelope
     instead of weight) must fail the same check."""
