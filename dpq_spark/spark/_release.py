@@ -370,7 +370,11 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
 
 
 def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
-    """:func:`_release_fold` of a fold spilled to coarse counts: ``[(gid, values, name)]``."""
+    """:func:`_release_fold` of a fold spilled to coarse counts: ``[(gid, values, name)]``.
+    Never on a declared grid (:func:`new_fold`)."""
+    if params.granularity is not None:
+        raise RuntimeError("dp_quantiles: a fold spilled on a declared grid (a bug: please "
+                           "report it)")
     gids, starts, ends = fold.groups()
     index, counts = fold.arrays()
     out = []
@@ -386,11 +390,10 @@ def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
         if started is None:
             continue
         source, name, eps, n_used = started
-        if name not in FINE_MECHANISMS and params.granularity is None:
+        if name not in FINE_MECHANISMS:
             out.append((gid, _run_coarse(name, cells, ccounts, source, eps, params,
                                          n_used=n_used), name))
             continue
-        # (on a declared grid every mechanism gets the group's grid data: band_keep keeps all)
         keep = band_keep(name, cells, ccounts, eps, params)
         pending.append((gid, cells, ccounts, keep, source, eps, name, n_used))
         wanted.append((gid << Fold._COARSE_SHIFT) + cells[keep])
@@ -401,12 +404,6 @@ def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
         for gid, cells, ccounts, keep, source, eps, name, n_used in pending:
             a, b = np.searchsorted(fgid, [gid, gid + 1])
             k, w = represent(codes[a:b] - (gid << Fold.SHIFT), fine[a:b], cells, ccounts, keep)
-            if name not in FINE_MECHANISMS:  # a declared grid (above)
-                shift = coarse_shift(params)
-                values = _run_coarse(name, *_to_coarse(k, w, shift), source, eps, params, shift,
-                                     n_used)
-                out.append((gid, values, name))
-                continue
             whole = pruned_entries(k, cells, keep)
             if name == "joint_exp" and params.base_seed is None:
                 together.setdefault(eps, []).append((gid, k, w, whole))
@@ -469,11 +466,19 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
         yield from zip(gids[lo:hi], got.values, got.mechanisms)
 
 
+def new_fold(params: ReleaseParams) -> Fold:
+    """A partition's :class:`Fold`. On a declared grid it never spills to coarse counts: there
+    every mechanism reads each group's whole grid data (:func:`band_keep` keeps every cell), so
+    a spill would bring all of the partition's counts back at once; past its budget the fold
+    writes sorted runs instead, and its groups are released a slice at a time."""
+    return Fold(params.fold_budget, params.spill_shrink if params.granularity is None else 0.0)
+
+
 def _with_fold(body, batches, params: ReleaseParams):
     """Run a partition body with its sink: a :class:`Fold` with bounds (its spill file deleted
     when the body ends, also when the task fails), else a :class:`CodeCounter` of (group, bucket)
     codes. When the body ends the freed memory goes back to the OS (:func:`trim_heap`)."""
-    sink = CodeCounter() if params.bounds_free else Fold(params.fold_budget, params.spill_shrink)
+    sink = CodeCounter() if params.bounds_free else new_fold(params)
     try:
         yield from body(batches, params, sink)
     finally:

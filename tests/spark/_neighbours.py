@@ -156,7 +156,7 @@ def _public_key_folds(req, params, frame, key_table, lookup, seeded):
     for pid in sorted(set(pids.tolist())):
         part = table.filter(pa.array(pids == pid)).select([BUCKET, CODES, COUNTS])
         batches = part.combine_chunks().to_batches()
-        fold = Fold(params.fold_budget, params.spill_shrink)
+        fold = _release.new_fold(params)
         for batch in batches:
             fold.add(*unpacked(batch))
         fold.finish()

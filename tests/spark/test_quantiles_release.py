@@ -293,6 +293,52 @@ def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
         assert [GRID.value(np.median(k[gids == g]))] == list(value)
 
 
+@pytest.mark.parametrize("granularity", [None, 1.0])
+def test_a_fold_on_a_declared_grid_writes_runs_instead_of_spilling(monkeypatch, granularity):
+    """300 groups of 10 integers whose codes crowd one coarse cell, past a budget of 500 codes:
+    on the default grid the partition's fold spills to coarse counts (they are 10 times fewer);
+    on a declared grid every mechanism reads each group's whole grid data, so a spill would
+    bring the whole partition back at once: the fold writes sorted runs instead, and the groups
+    are released a slice at a time, each once, on the integers."""
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 200)  # merges (and budget checks) mid-stream
+    gen = np.random.default_rng(5)
+    gids = np.repeat(np.arange(300), 10)
+    values = gen.integers(0, 101, gids.size)
+    k = values if granularity else 2**31 + values  # one coarse cell (k >> 12) a group
+    codes = (gids.astype(np.int64) << 33) + k
+    params = _params(keys=("g",), extra_columns=(_columns.CODE,), quantiles=(0.25, 0.5, 0.75),
+                     epsilon=1e9, lower=0.0, upper=100.0, mechanism="ind_exp",
+                     granularity=granularity, fold_budget=500)
+    fold = _release.new_fold(params)
+    for i in range(0, codes.size, 250):
+        fold.add(codes[i:i + 250])
+    fold.finish()
+    assert (fold.spilled, fold.has_runs) == ((True, False) if granularity is None else (False, True))
+    fold.close()
+    if granularity is None:
+        return
+    with pytest.raises(RuntimeError, match="declared grid"):
+        list(_release._release_spilled(_fold_of([np.arange(3)]), params, None, None))
+    calls = []
+    real = _release.release_many
+    monkeypatch.setattr(_release, "release_many",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    gen.shuffle(codes)
+    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 450])], names=[_columns.CODE])
+           for i in range(0, codes.size, 450)]
+    batches = list(_packing.pack_partition(iter(raw), 1 << 33))
+    out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params)))
+    assert out.column(_columns.GID).to_pylist() == list(range(300))
+    assert len(calls) > 1  # a slice of groups at a time
+    qn = np.array([2.5, 5.0, 7.5])  # the quantiles' target ranks among 10 rows
+    for g, value in zip(range(300), out.column("value").to_pylist()):
+        data = np.sort(values[gids == g])
+        assert value == sorted(value) and all(v == round(v) for v in value)
+        # at a huge epsilon each output lies in a gap whose rank is nearest its target
+        low, high = data[np.floor(qn).astype(int) - 1], data[np.ceil(qn).astype(int)]
+        assert np.all((value >= low) & (value <= high)), g
+
+
 # --------------------------------------------------------------------------------------------
 # Many groups in one call (production randomness): core.batch.release_many inside the fold
 

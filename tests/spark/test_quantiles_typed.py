@@ -247,9 +247,11 @@ def test_double_column_with_granularity_equals_core_and_overrides_schema(spark):
 
 
 @pytest.mark.parametrize("mechanism", ["auto", "joint_exp", "approx_quantiles"])
-def test_spilled_partitions_release_the_core_on_a_declared_grid(spark, monkeypatch, mechanism):
-    """Fold budget lowered to 16 pairs: every partition spills. On a declared grid every
-    mechanism still gets the group's exact grid data (no pruning, no coarse cells)."""
+def test_partitions_past_the_fold_budget_release_the_core_on_a_declared_grid(spark, monkeypatch,
+                                                                             mechanism):
+    """Fold budget lowered to 16 pairs: every partition is past it (on a declared grid the fold
+    writes sorted runs then, never a coarse spill). Every mechanism still gets the group's exact
+    grid data (no pruning, no coarse cells)."""
     monkeypatch.setattr(_fold, "FOLD_BUDGET", 16)
     df, data = _int_frame(spark)
     out = dp_quantiles(df, "age", quantiles=DECILES, epsilon=1.0, lower=0, upper=100,
