@@ -134,6 +134,7 @@ _FIXED_TREES = {"histogram": (HISTOGRAM_BINS, 1), **SIZED_TREES}
 _SPREAD = "approx_quantiles (sub-cells)"  # a group's internal label in release_many only
 _SPREAD_ENTRIES = 1 << 17  # entries spread at a time: at most 2**21 points
 _SPLIT_ENTRIES = 1 << 18  # entries split over fine points at a time (a group with more: alone)
+_JITTER_ROWS = 1 << 18  # rows jittered on a declared grid at a time (a group with more: alone)
 _COARSE_MECHANISMS = ("approx_quantiles", "agg_tree", *_FIXED_TREES)  # coarse_cells=True: coarse cells
 #: Largest number of JointExp cell sequences sampled by enumeration (m = 9: up to 4 cells, that is
 #: up to three distinct points without ties).
@@ -342,7 +343,7 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             # each row at a random sub-cell of its cell, as the Spark layer's per-group path
             # (coarse_spread), a chunk of groups at a time (at most 16 points per entry); the
             # sub-cells are the tie split of this path (no fine points, as on Spark)
-            for chunk in _chunks(bounds, members, _SPREAD_ENTRIES):
+            for chunk in _chunks(_sizes(bounds, members), members, _SPREAD_ENTRIES):
                 k, k_counts, k_bounds = _spread(snapped, counts, bounds, chunk, grid, source)
                 values[chunk] = grid.value(_approx_many(
                     k, k_counts, k_bounds, np.arange(chunk.size), q, mech_eps, relation,
@@ -356,16 +357,19 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
             values[members] = grid.value(run(coarse_k, counts, bounds, members, q, mech_eps,
                                              relation, grid.size - last, source))
             continue
-        if grid.jitter > 1:  # a declared grid: one jitter of the members' rows, as the core
-            k, k_counts, k_bounds = _jittered(coarse_k if coarse else snapped, counts, bounds,
-                                              members, grid, source)
-            values[members] = grid.release(run(k, k_counts, k_bounds, np.arange(members.size),
-                                               q, mech_eps, relation, grid.fine_size - last,
-                                               source))
+        if grid.jitter > 1:
+            # a declared grid: one jitter of the members' rows, as the core, a chunk of groups
+            # at a time (the jitter makes one entry per row)
+            for chunk in _chunks(n[members], members, _JITTER_ROWS):
+                k, k_counts, k_bounds = _jittered(coarse_k if coarse else snapped, counts,
+                                                  bounds, chunk, grid, source)
+                values[chunk] = grid.release(run(k, k_counts, k_bounds, np.arange(chunk.size),
+                                                 q, mech_eps, relation, grid.fine_size - last,
+                                                 source))
             continue
         # the default grid: each member's rows split over fine points, as the core, a chunk of
         # groups at a time (the split's arrays are a few times the chunk's entries)
-        for chunk in _chunks(bounds, members, _SPLIT_ENTRIES):
+        for chunk in _chunks(_sizes(bounds, members), members, _SPLIT_ENTRIES):
             done, k, k_counts, k_bounds = _split_members(name, snapped, counts, bounds, chunk,
                                                          whole, q, mech_eps, relation, grid,
                                                          source, values)
@@ -377,10 +381,15 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     return BatchRelease(values, names)
 
 
-def _chunks(bounds, members, entries: int):
-    """``members`` cut into consecutive runs holding at most ``entries`` entries each (a run of
-    one group when that group alone holds more): a bound on memory, changing no distribution."""
-    sizes = bounds[members + 1] - bounds[members]
+def _sizes(bounds, members) -> np.ndarray:
+    """The number of entries of each group of ``members``."""
+    return bounds[members + 1] - bounds[members]
+
+
+def _chunks(sizes, members, entries: int):
+    """``members`` cut into consecutive runs whose ``sizes`` (one per member: its entries, or
+    its rows) add up to at most ``entries`` each (a run of one group when that group alone
+    holds more): a bound on memory, changing no distribution."""
     start, total = 0, 0
     for i, size in enumerate(sizes.tolist()):
         if total and total + size > entries:
@@ -412,8 +421,25 @@ def _jittered(k, counts, bounds, members, grid: Grid, source):
     distinct with their multiplicities."""
     local, rows = _member_rows(bounds, members)
     c = counts[rows].astype(np.int64)
-    f = jitter_indices(k[rows], c, grid.jitter, grid, source)
-    return _by_group(f, np.ones(f.size, dtype=np.int64), np.repeat(local, c), members.size)
+    k = k[rows].astype(np.int64)
+    f = jitter_indices(k, c, grid.jitter, grid, source)
+    if not _in_group_order(k, local):
+        return _by_group(f, np.ones(f.size, dtype=np.int64), np.repeat(local, c), members.size)
+    # A group's sorted distinct indices (a fold's) have disjoint cells, in order, so only the
+    # rows of one entry need sorting: by the key (entry, offset in its cell's range of fine
+    # indices), the offsets below the jitter
+    entry = np.repeat(np.arange(c.size, dtype=np.int64), c)
+    low = np.maximum(k * grid.jitter - grid.jitter // 2, 0)
+    bits = int(grid.jitter).bit_length()
+    key = np.sort((entry << bits) + (f - np.repeat(low, c)))
+    del entry, f
+    new = np.ones(key.size, dtype=bool)
+    new[1:] = key[1:] != key[:-1]
+    at = np.flatnonzero(new)
+    entry = key[at] >> bits
+    f = low[entry] + (key[at] & ((1 << bits) - 1))
+    f_counts = np.diff(np.append(at, key.size))
+    return f, f_counts, np.searchsorted(local[entry], np.arange(members.size + 1)).astype(np.int64)
 
 
 def _split_members(name, k, counts, bounds, members, whole, q, eps, relation, grid: Grid,

@@ -133,3 +133,51 @@ def test_granularity_is_validated_before_any_draw():
         release_many(GROUPS, Q3, epsilon=1.0, lower=LOWER, upper=UPPER, granularity=-1.0)
     with pytest.raises((TypeError, ValueError), match="granularity"):
         release_many(GROUPS, Q3, epsilon=1.0, lower=LOWER, upper=UPPER, granularity="1")
+
+
+def test_jittered_sorts_each_entrys_rows_as_a_full_sort_does(monkeypatch):
+    """The jitter of a fold's groups (sorted distinct indices with counts, tie blocks large
+    enough that rows of one entry collide on a fine index) gives each group's sorted distinct
+    fine indices with their counts: the same arrays as sorting all rows by (group, index), for
+    the same draws."""
+    from dpq_spark.core.quantiles import batch
+    from dpq_spark.core.randomness.source import resolve_rng
+
+    gen = np.random.default_rng(4)
+    sizes = [3, 0, 40, 1, 25]
+    k = np.concatenate([np.sort(gen.choice(101, s, replace=False)) for s in sizes])
+    counts = gen.integers(0, 3000, k.size)
+    counts[::7] = 1
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    grid = Grid(0.0, 100.0, 1.0)
+    members = np.array([4, 0, 1, 2])
+
+    def run():
+        return batch._jittered(k, counts, bounds, members, grid, resolve_rng(np.random.default_rng(9)))
+
+    f, w, b = run()
+    monkeypatch.setattr(batch, "_in_group_order", lambda v, g: False)  # the full sort
+    f0, w0, b0 = run()
+    assert np.array_equal(f, f0) and np.array_equal(w, w0) and np.array_equal(b, b0)
+    assert (w > 1).sum() > 10  # collisions were merged
+    for i, g in enumerate(members):
+        got = f[b[i]:b[i + 1]]
+        assert np.all(np.diff(got) > 0)
+        assert w[b[i]:b[i + 1]].sum() == counts[bounds[g]:bounds[g + 1]].sum()
+
+
+def test_chunks_of_jittered_rows_keep_each_groups_law(monkeypatch):
+    """The jitter runs a chunk of groups at a time (at most _JITTER_ROWS rows, lowered here to
+    64, so about 7 groups a chunk): each group still has the core's law, and the comparison
+    still rejects a wrong epsilon."""
+    from dpq_spark.core.quantiles import batch
+
+    calls = []
+    real = batch._jittered
+    monkeypatch.setattr(batch, "_jittered", lambda *a: calls.append(a[3].size) or real(*a))
+    monkeypatch.setattr(batch, "_JITTER_ROWS", 64)
+    out = _batch("joint_exp", 1.0, seed=5)
+    assert len(calls) > 100 and max(calls) <= 64
+    for i, group in enumerate(GROUPS[:2]):
+        assert _pvalue(out[i], _core("joint_exp", group, 1.0, seed=20 + i)) > ALPHA, i
+    assert _pvalue(out[0], _core("joint_exp", GROUPS[0], 2.0, seed=30)) < ALPHA
