@@ -26,6 +26,11 @@ import pyarrow as pa
 from dpq_spark.core.errors import BoundsNotFoundError
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.quantiles.batch import BATCH_MECHANISMS, FlatGroups, release_many
+from dpq_spark.core.quantiles.batch_private_bounds import (
+    BOUNDS_NOT_FOUND,  # ``mechanism`` of a bounds-free group whose bounds were not found
+    PRIVATE_BOUNDS_MECHANISMS,
+    release_many_private_bounds,
+)
 from dpq_spark.core.randomness.samplers import discrete_laplace
 from dpq_spark.core.quantiles.choose import grid_points, plan_auto
 from dpq_spark.core.quantiles.coarse_bands import (
@@ -56,8 +61,6 @@ __all__ = ["ReleaseParams", "release_group", "release_counts", "release_values",
 
 
 _UINT64 = 1 << 64
-#: ``mechanism`` of a bounds-free group whose private bounds were not found (values NaN).
-BOUNDS_NOT_FOUND = "bounds_not_found"
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,7 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 
 
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
+_FREE_ENTRIES = 1 << 20  # bounds-free: (group, bucket) entries released together, at most
 _BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once per call)
 
 
@@ -435,6 +439,13 @@ def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
                         granularity=params.granularity).values
 
 
+def _free_batchable(params: ReleaseParams) -> bool:
+    """Whether bounds-free groups can be released together: production randomness, no
+    partition selection, the default grid, ``auto`` or ``joint_exp``."""
+    return (params.bounds_free and params.base_seed is None and params.threshold is None
+            and params.granularity is None and params.mechanism in PRIVATE_BOUNDS_MECHANISMS)
+
+
 def _batchable(params: ReleaseParams) -> bool:
     """Whether groups can be released together by :func:`dpq_spark.core.quantiles.batch.release_many`:
     public parameters only (production randomness, no partition selection, a mechanism it
@@ -544,7 +555,10 @@ def _release_partition(batches, params: ReleaseParams, sink):
 
 
 def _release_buckets(counter: CodeCounter, params: ReleaseParams, units_of, hash_of):
-    """Bounds-free path: release each group from its (bucket, count) pairs."""
+    """Bounds-free path: release each group from its (bucket, count) pairs, each as
+    :func:`release_values` releases it; with production randomness and public keys, by
+    :func:`~dpq_spark.core.quantiles.batch_private_bounds.release_many_private_bounds` (the
+    JointExp draws of many groups together)."""
     span = params.resolution
     counter.compact()
     codes, counts = counter.codes, counter.counts
@@ -552,6 +566,21 @@ def _release_buckets(counter: CodeCounter, params: ReleaseParams, units_of, hash
     cells = codes - group_of * span
     starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]]) if codes.size else []
     ends = np.r_[starts[1:], len(group_of)] if codes.size else []
+    if codes.size and _free_batchable(params):
+        out, source = [], resolve_rng(None)
+        edges = np.append(starts, codes.size)
+        a = 0
+        while a < starts.size:  # whole groups of about _FREE_ENTRIES buckets at a time
+            b = max(a + 1, int(np.searchsorted(edges, edges[a] + _FREE_ENTRIES, side="right")) - 1)
+            x, y = int(edges[a]), int(edges[b])
+            got = release_many_private_bounds(
+                FlatGroups(bucket_values(cells[x:y]), counts[x:y], edges[a:b + 1] - x),
+                np.asarray(params.quantiles, dtype=np.float64), epsilon=params.epsilon,
+                neighboring=params.neighboring, mechanism=params.mechanism,
+                bounds_share=params.bounds_share, source=source)
+            out += zip(group_of[starts[a:b]].tolist(), got.values, got.mechanisms)
+            a = b
+        return out
     out = []
     for a, b in zip(starts, ends):
         gid = int(group_of[a])

@@ -3,6 +3,8 @@ release per group and globally, and equality with the core mechanism on the same
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -150,3 +152,46 @@ def test_bounds_free_with_partition_selection_and_privacy_unit(spark):
         # some seeds; the seeded value depends on the per-group seed, which changed with the
         # Arrow key path (key_seed instead of Spark's xxhash64)
         assert np.max(np.abs(part["value"].to_numpy() / truth - 1.0)) < 0.3
+
+
+def test_unseeded_partition_releases_bounds_free_groups_together(monkeypatch):
+    """Production randomness, public keys: a partition's bounds-free groups go to
+    release_many_private_bounds, whole groups a chunk of entries at a time (lowered here), each
+    group released once from its own buckets: at epsilon 1e3 each decile lies in the gap of its
+    group's data that its rank falls in (to the buckets' width). Seeded, each group
+    keeps its own per-key draws (no batch)."""
+    import pyarrow as pa
+
+    from dpq_spark.spark import _columns, _packing, _release
+    from dpq_spark.spark._buckets import BUCKETS
+
+    monkeypatch.setattr(_release, "_FREE_ENTRIES", 3000)
+    calls = []
+    real = _release.release_many_private_bounds
+    monkeypatch.setattr(_release, "release_many_private_bounds",
+                        lambda *a, **k: calls.append(a[0].bounds.size - 1) or real(*a, **k))
+    gen = np.random.default_rng(2)
+    sizes = [2000, 700, 1500, 3000, 900, 2500, 1200]
+    data = [100.0 * (g + 1) * gen.lognormal(0.0, 0.5, n) for g, n in enumerate(sizes)]
+    codes = np.concatenate([g * BUCKETS + bucket_index(x) for g, x in enumerate(data)])
+    gen.shuffle(codes)
+    raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 1000])], names=[_columns.CODE])
+           for i in range(0, codes.size, 1000)]
+    params = _release.ReleaseParams(keys=("g",), quantiles=tuple(DECILES), epsilon=1e3,
+                                    lower=None, upper=None, resolution=BUCKETS,
+                                    neighboring="add_remove", mechanism="auto",
+                                    extra_columns=(_columns.CODE,))
+    batches = list(_packing.pack_partition(iter(raw), BUCKETS))
+    out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params)))
+    assert out.column(_columns.GID).to_pylist() == list(range(len(sizes)))
+    assert len(calls) > 2 and sum(calls) == len(sizes)
+    for g, (x, value, name) in enumerate(zip(data, out.column("value").to_pylist(),
+                                             out.column("mechanism").to_pylist())):
+        assert name == "joint_exp"
+        x, qn = np.sort(x), np.asarray(DECILES) * x.size
+        low, high = x[np.floor(qn).astype(int) - 1], x[np.ceil(qn).astype(int)]
+        assert np.all((value >= low * (1 - 2e-6)) & (value <= high * (1 + 2e-6))), g
+    calls.clear()
+    seeded = dataclasses.replace(params, base_seed=5, key_hashes=tuple(range(len(sizes))))
+    again = pa.Table.from_batches(list(_release.release_partition(iter(batches), seeded)))
+    assert not calls and again.column(_columns.GID).to_pylist() == list(range(len(sizes)))

@@ -1,0 +1,147 @@
+"""Many groups released without public bounds: each group buys its own private bounds, then
+JointExp draws of all groups run together.
+
+:func:`release_many_private_bounds` gives every group what ``auto`` (or the ``joint_exp`` of
+:mod:`dpq_spark.core.quantiles.mechanisms`) gives it alone with ``lower = upper = None``: under
+``auto`` the noisy count and the choice (:func:`~dpq_spark.core.quantiles.choose.plan_auto`),
+then the private bounds (:func:`~dpq_spark.core.quantiles.bounds.private_bounds`, ``bounds_share``
+of what is left), then the mechanism inside those bounds with the rest. The first two steps
+run group by group, in that order, from one random source. A group whose mechanism is JointExp
+is then set aside: its data snapped to the default grid of its own bounds (``Grid(lower,
+upper)``, 2**32 steps whatever the bounds), and the set-aside groups are drawn together by
+:func:`~dpq_spark.core.quantiles.batch.release_many` on those grid indices. Other mechanisms
+run group by group.
+
+Why the JointExp draws can share one call: on the default grid the sampler reads only grid
+indices (the grid values are a fixed map of them applied at the end), and every default grid
+has the same 2**32 steps and the same tie split. ``release_many`` on ``Grid(0, 2**32)``, whose
+point k is the number k, therefore draws index k with the law the core's ``joint_exp`` draws it
+on ``Grid(lower, upper)``; the group's release is ``Grid(lower, upper).value(k)``. Groups are
+independent given their data, so drawing them after every group's bounds, in one call, changes
+no group's law (the draws are not those of the per-group path for the same seed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpq_spark.core.errors import BoundsNotFoundError
+from dpq_spark.core.quantiles._pure import get_base_mechanism
+from dpq_spark.core.quantiles.batch import BatchRelease, FlatGroups, release_many
+from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, private_bounds, with_private_bounds
+from dpq_spark.core.quantiles.choose import plan_auto
+from dpq_spark.core.randomness.grid import Grid
+from dpq_spark.core.accounting.neighboring import NeighboringRelation
+
+__all__ = ["release_many_private_bounds", "BOUNDS_NOT_FOUND", "PRIVATE_BOUNDS_MECHANISMS"]
+
+#: the mechanism name of a group whose private bounds were not found (values NaN)
+BOUNDS_NOT_FOUND = "bounds_not_found"
+#: the mechanisms :func:`release_many_private_bounds` takes
+PRIVATE_BOUNDS_MECHANISMS = ("auto", "joint_exp")
+#: the default grid's points as numbers: index k is the number k
+_INDEX_GRID = Grid(0.0, 2.0**32)
+#: set-aside JointExp entries (distinct grid indices) drawn before more are set aside
+_HELD_ENTRIES = 1 << 20
+
+
+def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_remove",
+                                mechanism="auto", bounds_share=None, source) -> BatchRelease:
+    """Release the quantiles of many disjoint groups, each buying its own private bounds.
+
+    Parameters
+    ----------
+    groups : FlatGroups
+        Each group's values (floats, sorted, no NaN) and their integer counts.
+    quantiles : numpy.ndarray
+        The m validated quantiles, the same for every group.
+    epsilon : float
+        Each group's budget (validated).
+    neighboring : {"add_remove", "swap"} or NeighboringRelation
+    mechanism : {"auto", "joint_exp"}
+    bounds_share : float, optional
+        The share of the quantile step's epsilon spent on the bounds (default
+        :data:`~dpq_spark.core.quantiles.bounds.DEFAULT_BOUNDS_SHARE`).
+    source : RandomSource
+        The randomness (production: the OS generator).
+
+    Returns
+    -------
+    BatchRelease
+        ``values`` of shape ``(G, m)`` (NaN for a group flagged ``bounds_not_found``) and each
+        group's mechanism name (``auto``'s pick, or ``"bounds_not_found"``).
+
+    Privacy
+    -------
+    Each group's release is that of ``auto`` (or of ``joint_exp``) with ``lower = upper =
+    None`` on its data alone: ``epsilon``-DP (pure, with the ``eta``/``delta`` of the
+    exponential-mechanism samplers) under ``neighboring``, one row (one unit of a group's
+    counts) as the unit, by basic composition of auto's noisy count (``auto``, add/remove
+    only), the private bounds and the mechanism. A group that the bounds' gate flags spends
+    the count's and the bounds' shares and releases only the flag. The groups hold disjoint
+    rows, so by parallel composition the batch is ``epsilon``-DP for a row.
+    """
+    relation = NeighboringRelation.parse(neighboring)
+    share = DEFAULT_BOUNDS_SHARE if bounds_share is None else float(bounds_share)
+    q = np.asarray(quantiles, dtype=np.float64)
+    x, counts, bounds = (np.asarray(a) for a in (groups.values, groups.counts, groups.bounds))
+    G, m = bounds.size - 1, q.size
+    values = np.full((G, m), np.nan)
+    names = [BOUNDS_NOT_FOUND] * G
+    held = _Held(q, relation, source, values)
+    for g in range(G):
+        a, b = int(bounds[g]), int(bounds[g + 1])
+        v, c = x[a:b], counts[a:b]
+        if mechanism == "auto":
+            name, rest, _ = plan_auto(m, int(c.sum()), epsilon=epsilon, neighboring=relation,
+                                      source=source, bounds_missing=True, bounds_share=share)
+        else:
+            name, rest = mechanism, epsilon
+        if name != "joint_exp":  # with_private_bounds of the base mechanism, as auto runs it
+            try:
+                values[g] = with_private_bounds(get_base_mechanism(name))(
+                    v, q, epsilon=rest, neighboring=relation, counts=c, rng=source,
+                    bounds_share=share)
+            except BoundsNotFoundError:
+                continue
+            names[g] = name
+            continue
+        try:  # with_private_bounds's first step; its second is drawn with the held groups
+            found = private_bounds(v, epsilon=share * rest, neighboring=relation, counts=c,
+                                   rng=source)
+        except BoundsNotFoundError:
+            continue
+        names[g] = name
+        held.add(g, Grid(found.lower, found.upper), v, c, (1.0 - share) * rest)
+    held.draw()
+    return BatchRelease(values, names)
+
+
+class _Held:
+    """JointExp groups set aside with their grids: ``add`` one, ``draw`` them all (one
+    ``release_many`` per epsilon) into ``values``."""
+
+    def __init__(self, q, relation, source, values):
+        self.q, self.relation, self.source, self.values = q, relation, source, values
+        self.groups: dict[float, list] = {}
+        self.entries = 0
+
+    def add(self, g: int, grid: Grid, v, c, epsilon: float) -> None:
+        self.groups.setdefault(epsilon, []).append((g, grid, grid.snap(v), c))
+        self.entries += v.size
+        if self.entries >= _HELD_ENTRIES:
+            self.draw()
+
+    def draw(self) -> None:
+        for epsilon, held in self.groups.items():
+            sizes = [k.size for _, _, k, _ in held]
+            flat = FlatGroups(np.concatenate([k for _, _, k, _ in held]).astype(np.int64),
+                              np.concatenate([c for _, _, _, c in held]).astype(np.int64),
+                              np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
+            k = release_many(flat, self.q, epsilon=epsilon, lower=_INDEX_GRID.lower,
+                             upper=_INDEX_GRID.upper, neighboring=self.relation,
+                             mechanism="joint_exp", grid_indices=True, rng=self.source).values
+            for (g, grid, _, _), row in zip(held, k):
+                self.values[g] = grid.value(row.astype(np.int64))
+        self.groups.clear()
+        self.entries = 0
