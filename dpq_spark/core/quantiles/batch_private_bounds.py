@@ -52,7 +52,8 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
     Parameters
     ----------
     groups : FlatGroups
-        Each group's values (floats, sorted, no NaN) and their integer counts.
+        Each group's values (floats, sorted, no NaN) and their integer counts (a group may
+        hold none).
     quantiles : numpy.ndarray
         The m validated quantiles, the same for every group.
     epsilon : float
@@ -127,8 +128,11 @@ class _Held:
         self.entries = 0
 
     def add(self, g: int, grid: Grid, v, c, epsilon: float) -> None:
-        self.groups.setdefault(epsilon, []).append((g, grid, grid.snap(v), c))
-        self.entries += v.size
+        k = grid.snap(v).astype(np.int64)  # sorted as v is; values clamped to a bound tie
+        at = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+        k, c = (k, c) if at.size == k.size else (k[at], np.add.reduceat(c, at))
+        self.groups.setdefault(epsilon, []).append((g, grid, k, c))
+        self.entries += k.size
         if self.entries >= _HELD_ENTRIES:
             self.draw()
 

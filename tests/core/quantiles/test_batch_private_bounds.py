@@ -89,17 +89,19 @@ def test_many_groups_in_one_call_have_the_law_of_the_core_alone(monkeypatch):
 
 
 def test_groups_keep_their_own_data_and_small_ones_are_flagged():
-    """Groups far apart (centres 1e3 g), of 8 to 3,000 rows: each released group's deciles lie
-    near its own; a group far below the bounds' gate is flagged (NaN) whatever its neighbours."""
+    """Groups far apart (centres 1e3 g), of 5 to 3,000 rows: each large group's deciles lie
+    near its own data's; a flagged group has NaN values; the groups of 5 and 8 rows are flagged
+    (the bounds' gate passes such a group about once in fifty draws at this epsilon, as the core
+    does)."""
     gen = np.random.default_rng(6)
     sizes = [3000, 8, 800, 2000, 5, 1500] * 5
     groups = [1000.0 * (g + 1) + gen.normal(0.0, 5.0, n) for g, n in enumerate(sizes)]
-    got = bpb.release_many_private_bounds(_flat(groups), DECILES, epsilon=10.0,
-                                          mechanism="auto", source=resolve_rng(None))
+    got = bpb.release_many_private_bounds(_flat(groups), DECILES, epsilon=2.0, mechanism="auto",
+                                          source=resolve_rng(np.random.default_rng(7)))
+    flagged = [g for g, name in enumerate(got.mechanisms) if name == "bounds_not_found"]
+    assert flagged == [g for g, n in enumerate(sizes) if n < 10]
+    assert np.isnan(got.values[flagged]).all()
     for g, (data, n) in enumerate(zip(groups, sizes)):
-        if n < 10:
-            assert got.mechanisms[g] == "bounds_not_found" and np.isnan(got.values[g]).all()
-            continue
-        assert got.mechanisms[g] != "bounds_not_found"
-        assert np.all(np.diff(got.values[g]) >= 0)
-        assert np.all(np.abs(got.values[g] - np.quantile(data, DECILES)) < 2.0), g
+        if n >= 10:
+            assert np.all(np.diff(got.values[g]) >= 0)
+            assert np.all(np.abs(got.values[g] - np.quantile(data, DECILES)) < 2.0), g
