@@ -9,6 +9,7 @@ Run standalone; it starts its own local session with default memory settings (or
     .venv/bin/python benchmarks/bench_spark.py --only global --driver-memory 4g  # bigger local driver
     .venv/bin/python benchmarks/bench_spark.py --only many --many-groups 1000,10000,100000
     .venv/bin/python benchmarks/bench_spark.py --only many --many-groups 10000 --stages  # where the time goes
+    .venv/bin/python benchmarks/bench_spark.py --only many --many-type int --many-groups 10000
     .venv/bin/python benchmarks/bench_spark.py --profile-worker 20000:100   # no Spark: cProfile
 
 Cases (targets in brackets):
@@ -40,7 +41,10 @@ many       1e7 rows of N(0, 5) in G equal groups (``--many-groups``, default 1e3
            ``toPandas()``: after one warm-up call of each, the best of two alternating calls
            of each side (``--repeat`` changes two), and the peak resident memory of the Python
            workers during the timed dp_quantiles calls (VmHWM reset through
-           ``/proc/PID/clear_refs`` before them; Linux, classic sessions) [<= 1.0x
+           ``/proc/PID/clear_refs`` before them; Linux, classic sessions); ``--many-type int``
+           or ``decimal`` stores the column as tenths in an int (bounds +-1000) or as
+           decimal(10,2), whose declared grids tie the values; ``--many-private-bounds``
+           gives no bounds (each group buys its own) [<= 1.0x
            percentile_approx, worker peak < 512 MiB]; with ``--stages`` one more call of each
            side prints its Spark stages (tasks, wall and task times, JVM CPU, shuffle bytes,
            the slowest task) and the call's time outside them
@@ -399,8 +403,22 @@ def _stage_report(spark, name: str, call) -> None:
           f"stages (driver, scheduling, the result's read)", flush=True)
 
 
-def case_many(spark, F, dp_quantiles, size, groups_list=MANY_GROUPS, rows=10_000_000):
-    """The many-groups table: ``rows`` rows of N(0, 5) in G equal groups, from Parquet."""
+#: many: --many-type, the column's Spark type: how N(0, 5) is stored, and the public bounds
+MANY_TYPES = {
+    "double": (lambda x: x, (-100, 100)),
+    "int": (lambda x: (x * 10).cast("int"), (-1000, 1000)),  # tenths as integers (ties)
+    "decimal": (lambda x: x.cast("decimal(10,2)"), (-100, 100)),  # two decimals
+}
+
+
+def case_many(spark, F, dp_quantiles, size, groups_list=MANY_GROUPS, rows=10_000_000,
+              column="double", private_bounds=False):
+    """The many-groups table: ``rows`` rows of N(0, 5) in G equal groups, from Parquet, as a
+    ``column`` column (``MANY_TYPES``); ``private_bounds``: no bounds given (each group buys
+    its own)."""
+    store, (lower, upper) = MANY_TYPES[column]
+    if private_bounds:
+        lower = upper = None
     import shutil
     import tempfile
 
@@ -410,14 +428,14 @@ def case_many(spark, F, dp_quantiles, size, groups_list=MANY_GROUPS, rows=10_000
         for groups in groups_list:
             path = os.path.join(where, f"g{groups}")
             (spark.range(rows).select((F.col("id") % groups).alias("g"),
-                                      (F.randn(11) * 5).alias("x"))
+                                      store(F.randn(11) * 5).alias("x"))
              .write.mode("overwrite").parquet(path))
             df = spark.read.parquet(path)
             keys = list(range(groups))
 
             def dp_call(d):
-                return dp_quantiles(d, "x", quantiles=DECILES, epsilon=1.0, lower=-100,
-                                    upper=100, group_by="g", groups=keys,
+                return dp_quantiles(d, "x", quantiles=DECILES, epsilon=1.0, lower=lower,
+                                    upper=upper, group_by="g", groups=keys,
                                     layout="wide").toPandas()
 
             approx_call = _approx(F, DECILES, ["g"], fetch="toPandas")
@@ -435,7 +453,10 @@ def case_many(spark, F, dp_quantiles, size, groups_list=MANY_GROUPS, rows=10_000
             worker = (f"{peak.peak_kib / 1024:.0f} MiB" if peak.seen else
                       "not measured (Connect or not Linux)")
             t_dp, t_ap = min(dps), min(aps)
-            print(f"many        {rows:.0e} rows, {groups:>9,} groups of {rows // groups:>6,}: "
+            kind = ", ".join(([] if column == "double" else [column])
+                             + (["no bounds"] if private_bounds else []))
+            kind = f" ({kind})" if kind else ""
+            print(f"many{kind:<10} {rows:.0e} rows, {groups:>9,} groups of {rows // groups:>6,}: "
                   f"dp_quantiles {t_dp:8.2f} s   percentile_approx {t_ap:8.2f} s   ratio "
                   f"{t_dp / t_ap:5.2f}   (best of {len(dps)}; all {', '.join(f'{t:.1f}' for t in dps)}"
                   f" / {', '.join(f'{t:.1f}' for t in aps)} s); peak Python worker RSS "
@@ -501,6 +522,11 @@ def main(argv=None) -> None:
     parser.add_argument("--many-groups", default=",".join(str(g) for g in MANY_GROUPS),
                         help="many: comma-separated group counts (default "
                              f"{','.join(str(g) for g in MANY_GROUPS)})")
+    parser.add_argument("--many-type", default="double", choices=sorted(MANY_TYPES),
+                        help="many: the column's type (int: tenths as integers, bounds +-1000; "
+                             "decimal: decimal(10,2); default double)")
+    parser.add_argument("--many-private-bounds", action="store_true",
+                        help="many: no bounds given (each group buys private bounds)")
     parser.add_argument("--many-rows", type=float, default=1e7,
                         help="many: rows in all (default 1e7; 1e8 for the larger table)")
     parser.add_argument("--stages", action="store_true",
@@ -554,7 +580,8 @@ def main(argv=None) -> None:
         if case in ("accuracy", "timestamps"):
             fn(spark, F, dp_quantiles, joint_exp, size)
         elif case == "many":
-            fn(spark, F, dp_quantiles, size, groups_list=many_groups, rows=int(args.many_rows))
+            fn(spark, F, dp_quantiles, size, groups_list=many_groups, rows=int(args.many_rows),
+               column=args.many_type, private_bounds=args.many_private_bounds)
         else:
             fn(spark, F, dp_quantiles, size)
     spark.stop()
