@@ -441,9 +441,9 @@ def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
 
 def _free_batchable(params: ReleaseParams) -> bool:
     """Whether bounds-free groups can be released together: production randomness, no
-    partition selection, the default grid, ``auto`` or ``joint_exp``."""
+    partition selection, ``auto`` or ``joint_exp``."""
     return (params.bounds_free and params.base_seed is None and params.threshold is None
-            and params.granularity is None and params.mechanism in PRIVATE_BOUNDS_MECHANISMS)
+            and params.mechanism in PRIVATE_BOUNDS_MECHANISMS)
 
 
 def _batchable(params: ReleaseParams) -> bool:
@@ -577,7 +577,7 @@ def _release_buckets(counter: CodeCounter, params: ReleaseParams, units_of, hash
                 FlatGroups(bucket_values(cells[x:y]), counts[x:y], edges[a:b + 1] - x),
                 np.asarray(params.quantiles, dtype=np.float64), epsilon=params.epsilon,
                 neighboring=params.neighboring, mechanism=params.mechanism,
-                bounds_share=params.bounds_share, source=source)
+                bounds_share=params.bounds_share, granularity=params.granularity, source=source)
             out += zip(group_of[starts[a:b]].tolist(), got.values, got.mechanisms)
             a = b
         return out

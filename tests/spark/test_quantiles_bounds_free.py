@@ -154,7 +154,8 @@ def test_bounds_free_with_partition_selection_and_privacy_unit(spark):
         assert np.max(np.abs(part["value"].to_numpy() / truth - 1.0)) < 0.3
 
 
-def test_unseeded_partition_releases_bounds_free_groups_together(monkeypatch):
+@pytest.mark.parametrize("granularity", [None, 0.1])
+def test_unseeded_partition_releases_bounds_free_groups_together(monkeypatch, granularity):
     """Production randomness, public keys: a partition's bounds-free groups go to
     release_many_private_bounds, whole groups a chunk of entries at a time (lowered here), each
     group released once from its own buckets: at epsilon 1e3 each decile lies in the gap of its
@@ -173,6 +174,8 @@ def test_unseeded_partition_releases_bounds_free_groups_together(monkeypatch):
     gen = np.random.default_rng(2)
     sizes = [2000, 700, 1500, 3000, 900, 2500, 1200]
     data = [100.0 * (g + 1) * gen.lognormal(0.0, 0.5, n) for g, n in enumerate(sizes)]
+    if granularity:  # tenths, with ties: the declared grid (each group's own bounds)
+        data = [np.round(x, 1) for x in data]
     codes = np.concatenate([g * BUCKETS + bucket_index(x) for g, x in enumerate(data)])
     gen.shuffle(codes)
     raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 1000])], names=[_columns.CODE])
@@ -180,7 +183,7 @@ def test_unseeded_partition_releases_bounds_free_groups_together(monkeypatch):
     params = _release.ReleaseParams(keys=("g",), quantiles=tuple(DECILES), epsilon=1e3,
                                     lower=None, upper=None, resolution=BUCKETS,
                                     neighboring="add_remove", mechanism="auto",
-                                    extra_columns=(_columns.CODE,))
+                                    extra_columns=(_columns.CODE,), granularity=granularity)
     batches = list(_packing.pack_partition(iter(raw), BUCKETS))
     out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params)))
     assert out.column(_columns.GID).to_pylist() == list(range(len(sizes)))

@@ -12,11 +12,13 @@ upper)``, 2**32 steps whatever the bounds), and the set-aside groups are drawn t
 :func:`~dpq_spark.core.quantiles.batch.release_many` on those grid indices. Other mechanisms
 run group by group.
 
-Why the JointExp draws can share one call: on the default grid the sampler reads only grid
-indices (the grid values are a fixed map of them applied at the end), and every default grid
-has the same 2**32 steps and the same tie split. ``release_many`` on ``Grid(0, 2**32)``, whose
-point k is the number k, therefore draws index k with the law the core's ``joint_exp`` draws it
-on ``Grid(lower, upper)``; the group's release is ``Grid(lower, upper).value(k)``. Groups are
+Why the JointExp draws can share one call: the sampler reads only grid indices (the grid
+values are a fixed map of them applied at the end), and every default grid has the same 2**32
+steps and the same tie split. ``release_many`` on ``Grid(0, 2**32)``, whose point k is the
+number k, therefore draws index k with the law the core's ``joint_exp`` draws it on
+``Grid(lower, upper)``; the group's release is ``Grid(lower, upper).value(k)``. A declared grid
+(``granularity``) of N steps, jittered as the core jitters it (the jitter depends on N only),
+is drawn the same way on ``Grid(0, N, 1)`` with the groups of the same N. Groups are
 independent given their data, so drawing them after every group's bounds, in one call, changes
 no group's law (the draws are not those of the per-group path for the same seed).
 """
@@ -39,14 +41,13 @@ __all__ = ["release_many_private_bounds", "BOUNDS_NOT_FOUND", "PRIVATE_BOUNDS_ME
 BOUNDS_NOT_FOUND = "bounds_not_found"
 #: the mechanisms :func:`release_many_private_bounds` takes
 PRIVATE_BOUNDS_MECHANISMS = ("auto", "joint_exp")
-#: the default grid's points as numbers: index k is the number k
-_INDEX_GRID = Grid(0.0, 2.0**32)
 #: set-aside JointExp entries (distinct grid indices) drawn before more are set aside
 _HELD_ENTRIES = 1 << 20
 
 
 def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_remove",
-                                mechanism="auto", bounds_share=None, source) -> BatchRelease:
+                                mechanism="auto", bounds_share=None, granularity=None,
+                                source) -> BatchRelease:
     """Release the quantiles of many disjoint groups, each buying its own private bounds.
 
     Parameters
@@ -63,6 +64,11 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
     bounds_share : float, optional
         The share of the quantile step's epsilon spent on the bounds (default
         :data:`~dpq_spark.core.quantiles.bounds.DEFAULT_BOUNDS_SHARE`).
+    granularity : float, optional
+        The declared step of the data (validated), as the core mechanisms take it: each group's
+        grid is then ``Grid(lower, upper, granularity)`` on its own bounds, whose points are
+        indexed alike whenever they number alike (the set-aside groups are drawn by number of
+        grid steps, on ``Grid(0, N, 1)``).
     source : RandomSource
         The randomness (production: the OS generator).
 
@@ -89,31 +95,40 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
     G, m = bounds.size - 1, q.size
     values = np.full((G, m), np.nan)
     names = [BOUNDS_NOT_FOUND] * G
+    extra = {} if granularity is None else {"granularity": granularity}
     held = _Held(q, relation, source, values)
     for g in range(G):
         a, b = int(bounds[g]), int(bounds[g + 1])
         v, c = x[a:b], counts[a:b]
         if mechanism == "auto":
             name, rest, _ = plan_auto(m, int(c.sum()), epsilon=epsilon, neighboring=relation,
-                                      source=source, bounds_missing=True, bounds_share=share)
+                                      source=source, bounds_missing=True, bounds_share=share,
+                                      granularity=granularity)
         else:
             name, rest = mechanism, epsilon
         if name != "joint_exp":  # with_private_bounds of the base mechanism, as auto runs it
             try:
                 values[g] = with_private_bounds(get_base_mechanism(name))(
                     v, q, epsilon=rest, neighboring=relation, counts=c, rng=source,
-                    bounds_share=share)
+                    bounds_share=share, **extra)
             except BoundsNotFoundError:
                 continue
             names[g] = name
             continue
         try:  # with_private_bounds's first step; its second is drawn with the held groups
             found = private_bounds(v, epsilon=share * rest, neighboring=relation, counts=c,
-                                   rng=source)
+                                   granularity=granularity, rng=source)
         except BoundsNotFoundError:
             continue
         names[g] = name
-        held.add(g, Grid(found.lower, found.upper), v, c, (1.0 - share) * rest)
+        grid = Grid(found.lower, found.upper, granularity)
+        if grid.steps < 1:  # a declared grid of one point: drawn here, as the core draws it
+            values[g] = get_base_mechanism(name)(v, q, epsilon=(1.0 - share) * rest,
+                                                 lower=found.lower, upper=found.upper,
+                                                 neighboring=relation, counts=c, rng=source,
+                                                 **extra)
+            continue
+        held.add(g, grid, v, c, (1.0 - share) * rest)
     held.draw()
     return BatchRelease(values, names)
 
@@ -131,20 +146,24 @@ class _Held:
         k = grid.snap(v).astype(np.int64)  # sorted as v is; values clamped to a bound tie
         at = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
         k, c = (k, c) if at.size == k.size else (k[at], np.add.reduceat(c, at))
-        self.groups.setdefault(epsilon, []).append((g, grid, k, c))
+        # default grids all have 2**32 steps; a declared grid is indexed by its number of steps
+        steps = None if grid.jitter == 1 and grid.tie_bits else grid.steps
+        self.groups.setdefault((epsilon, steps), []).append((g, grid, k, c))
         self.entries += k.size
         if self.entries >= _HELD_ENTRIES:
             self.draw()
 
     def draw(self) -> None:
-        for epsilon, held in self.groups.items():
+        for (epsilon, steps), held in self.groups.items():
             sizes = [k.size for _, _, k, _ in held]
             flat = FlatGroups(np.concatenate([k for _, _, k, _ in held]).astype(np.int64),
                               np.concatenate([c for _, _, _, c in held]).astype(np.int64),
                               np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
-            k = release_many(flat, self.q, epsilon=epsilon, lower=_INDEX_GRID.lower,
-                             upper=_INDEX_GRID.upper, neighboring=self.relation,
-                             mechanism="joint_exp", grid_indices=True, rng=self.source).values
+            index = ({"lower": 0.0, "upper": 2.0**32} if steps is None else
+                     {"lower": 0.0, "upper": float(steps), "granularity": 1.0})
+            k = release_many(flat, self.q, epsilon=epsilon, neighboring=self.relation,
+                             mechanism="joint_exp", grid_indices=True, rng=self.source,
+                             **index).values
             for (g, grid, _, _), row in zip(held, k):
                 self.values[g] = grid.value(row.astype(np.int64))
         self.groups.clear()

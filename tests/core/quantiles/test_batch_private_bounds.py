@@ -29,11 +29,16 @@ def _flat(groups):
 
 
 @pytest.mark.parametrize("mechanism", ["auto", "joint_exp"])
-@pytest.mark.parametrize("n, epsilon, relation", [
-    (60, 1.0, "add_remove"),  # below the bounds' gate: flagged
-    (300, 0.3, "add_remove"), (1000, 1.0, "add_remove"), (5000, 10.0, "swap"),
-    (2000, 0.05, "add_remove")])  # auto picks another mechanism
-def test_one_group_is_drawn_as_the_core_draws_it(mechanism, n, epsilon, relation):
+@pytest.mark.parametrize("n, epsilon, relation, granularity", [
+    (60, 1.0, "add_remove", None),  # below the bounds' gate: flagged
+    (300, 0.3, "add_remove", None), (1000, 1.0, "add_remove", None), (5000, 10.0, "swap", None),
+    (2000, 0.05, "add_remove", None),  # auto picks another mechanism
+    (1000, 1.0, "add_remove", 0.1), (3000, 2.0, "swap", 0.1), (400, 1.0, "add_remove", 5.0)])
+def test_one_group_is_drawn_as_the_core_draws_it(mechanism, n, epsilon, relation, granularity):
+    """The same steps from the same source in the same order; with a declared granularity
+    (tenths, and a step of 5 much coarser than the data) the jitter and the grid are the
+    core's too."""
+    extra = {} if granularity is None else {"granularity": granularity}
     for seed in range(3):
         gen = np.random.default_rng(seed)
         data = np.round(gen.lognormal(3.0, 1.0, n), 1)  # ties
@@ -41,12 +46,12 @@ def test_one_group_is_drawn_as_the_core_draws_it(mechanism, n, epsilon, relation
         try:
             want = np.asarray(CORE[mechanism](v, DECILES, epsilon=epsilon, counts=c,
                                               neighboring=relation,
-                                              rng=np.random.default_rng(seed + 10)))
+                                              rng=np.random.default_rng(seed + 10), **extra))
         except bpb.BoundsNotFoundError:
             want = None
         got = bpb.release_many_private_bounds(
             _flat([data]), DECILES, epsilon=epsilon, neighboring=relation, mechanism=mechanism,
-            source=resolve_rng(np.random.default_rng(seed + 10)))
+            source=resolve_rng(np.random.default_rng(seed + 10)), **extra)
         if want is None:
             assert got.mechanisms == ["bounds_not_found"] and np.isnan(got.values).all()
         else:
@@ -88,15 +93,17 @@ def test_many_groups_in_one_call_have_the_law_of_the_core_alone(monkeypatch):
     assert _pvalue(batch, _median_ranks(wrong, data)) < 1e-3
 
 
-def test_groups_keep_their_own_data_and_small_ones_are_flagged():
-    """Groups far apart (centres 1e3 g), of 5 to 3,000 rows: each large group's deciles lie
-    near its own data's; a flagged group has NaN values; the groups of 5 and 8 rows are flagged
-    (the bounds' gate passes such a group about once in fifty draws at this epsilon, as the core
-    does)."""
+@pytest.mark.parametrize("granularity", [None, 0.1])
+def test_groups_keep_their_own_data_and_small_ones_are_flagged(granularity):
+    """Groups far apart (centres 1e3 g, so bounds and declared grids of many sizes), of 5 to
+    3,000 rows: each large group's deciles lie near its own data's; a flagged group has NaN
+    values; the groups of 5 and 8 rows are flagged (the bounds' gate passes such a group about
+    once in fifty draws at this epsilon, as the core does)."""
     gen = np.random.default_rng(6)
     sizes = [3000, 8, 800, 2000, 5, 1500] * 5
-    groups = [1000.0 * (g + 1) + gen.normal(0.0, 5.0, n) for g, n in enumerate(sizes)]
+    groups = [np.round(1000.0 * (g + 1) + gen.normal(0.0, 5.0, n), 1) for g, n in enumerate(sizes)]
     got = bpb.release_many_private_bounds(_flat(groups), DECILES, epsilon=2.0, mechanism="auto",
+                                          granularity=granularity,
                                           source=resolve_rng(np.random.default_rng(7)))
     flagged = [g for g, name in enumerate(got.mechanisms) if name == "bounds_not_found"]
     assert flagged == [g for g, n in enumerate(sizes) if n < 10]
