@@ -135,11 +135,11 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
 
 class _Held:
     """JointExp groups set aside with their grids: ``add`` one, ``draw`` them all (one
-    ``release_many`` per epsilon) into ``values``."""
+    ``release_many`` per epsilon and number of grid steps) into ``values``."""
 
     def __init__(self, q, relation, source, values):
         self.q, self.relation, self.source, self.values = q, relation, source, values
-        self.groups: dict[float, list] = {}
+        self.groups: dict[tuple, list] = {}  # (epsilon, steps or None) -> held groups
         self.entries = 0
 
     def add(self, g: int, grid: Grid, v, c, epsilon: float) -> None:
