@@ -6,7 +6,8 @@ paper's mechanism), :mod:`~dpq_spark.core.quantiles.ind_exp` (IndExp, AppIndExp)
 (AggTree and a flat histogram) and :mod:`~dpq_spark.core.quantiles.smooth` (Smooth, CSmooth).
 Around them: :mod:`~dpq_spark.core.quantiles.bounds` (private bounds),
 :mod:`~dpq_spark.core.quantiles.choose` (``auto``), :mod:`~dpq_spark.core.quantiles.mechanisms`
-(the registry by name) and :mod:`~dpq_spark.core.quantiles.batch` (many groups in one call).
+(the registry by name), :mod:`~dpq_spark.core.quantiles.batch` (many groups in one call) and
+:mod:`~dpq_spark.core.quantiles.batch_private_bounds` (many groups, each with private bounds).
 Building blocks: :mod:`~dpq_spark.core.quantiles.single_quantile` (the one-quantile exponential
 mechanism), :mod:`~dpq_spark.core.quantiles.joint_exp_many` (JointExp's sampler batched),
 :mod:`~dpq_spark.core.quantiles.coarse_bands` (which cells JointExp can reach),
