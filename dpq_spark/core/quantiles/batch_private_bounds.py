@@ -97,7 +97,7 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
     values = np.full((G, m), np.nan)
     names = [BOUNDS_NOT_FOUND] * G
     extra = {} if granularity is None else {"granularity": granularity}
-    held = _Held(q, relation, source, values)
+    held = _Held(q, relation, source, values, declared=granularity is not None)
     for g in range(G):
         a, b = int(bounds[g]), int(bounds[g + 1])
         v, c = x[a:b], counts[a:b]
@@ -136,20 +136,21 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
 
 class _Held:
     """JointExp groups set aside with their grids: ``add`` one, ``draw`` them all (one
-    ``release_many`` per epsilon and number of grid steps) into ``values``."""
+    ``release_many`` per epsilon and number of grid steps, on ``Grid(0, N)`` or, declared,
+    ``Grid(0, N, 1)``) into ``values``."""
 
-    def __init__(self, q, relation, source, values):
+    def __init__(self, q, relation, source, values, declared: bool):
         self.q, self.relation, self.source, self.values = q, relation, source, values
-        self.groups: dict[tuple, list] = {}  # (epsilon, steps or None) -> held groups
+        self.index = {"granularity": 1.0} if declared else {}  # the index grid's step: 1
+        self.groups: dict[tuple, list] = {}  # (epsilon, grid steps) -> held groups
         self.entries = 0
 
     def add(self, g: int, grid: Grid, v, c, epsilon: float) -> None:
         k = grid.snap(v).astype(np.int64)  # sorted as v is; values clamped to a bound tie
         at = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
         k, c = (k, c) if at.size == k.size else (k[at], np.add.reduceat(c, at))
-        # default grids all have 2**32 steps; a declared grid is indexed by its number of steps
-        steps = None if grid.jitter == 1 and grid.tie_bits else grid.steps
-        self.groups.setdefault((epsilon, steps), []).append((g, grid, k, c))
+        # (every default grid has 2**32 steps, so they all share one batch)
+        self.groups.setdefault((epsilon, grid.steps), []).append((g, grid, k, c))
         self.entries += k.size
         if self.entries >= _HELD_ENTRIES:
             self.draw()
@@ -160,11 +161,9 @@ class _Held:
             flat = FlatGroups(np.concatenate([k for _, _, k, _ in held]).astype(np.int64),
                               np.concatenate([c for _, _, _, c in held]).astype(np.int64),
                               np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
-            index = ({"lower": 0.0, "upper": 2.0**32} if steps is None else
-                     {"lower": 0.0, "upper": float(steps), "granularity": 1.0})
-            k = release_many(flat, self.q, epsilon=epsilon, neighboring=self.relation,
-                             mechanism="joint_exp", grid_indices=True, rng=self.source,
-                             **index).values
+            k = release_many(flat, self.q, epsilon=epsilon, lower=0.0, upper=float(steps),
+                             neighboring=self.relation, mechanism="joint_exp",
+                             grid_indices=True, rng=self.source, **self.index).values
             for (g, grid, _, _), row in zip(held, k):
                 self.values[g] = grid.value(row.astype(np.int64))
         self.groups.clear()
