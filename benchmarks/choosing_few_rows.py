@@ -33,7 +33,6 @@ per (m, s) the worst ratio of each mechanism over the eleven settings and ``auto
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time

@@ -19,9 +19,13 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from dpq_spark.core.errors import BoundsNotFoundError
 from dpq_spark.core.randomness.source import resolve_rng

@@ -8,7 +8,6 @@ depends on each group's cell counts and key, so all three must agree exactly.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

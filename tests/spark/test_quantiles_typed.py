@@ -24,7 +24,7 @@ from dpq_spark.core.accounting.neighboring import NeighboringRelation  # noqa: E
 from dpq_spark.core.quantiles.choose import auto, plan_auto  # noqa: E402
 from dpq_spark.core.quantiles.mechanisms import get_mechanism  # noqa: E402
 from dpq_spark.core.randomness.source import resolve_rng  # noqa: E402
-from dpq_spark.spark import _fold, _release  # noqa: E402
+from dpq_spark.spark import _fold  # noqa: E402
 from dpq_spark.spark._arguments import release_grid, schema_granularity  # noqa: E402
 from dpq_spark.spark._keys import key_seed  # noqa: E402
 

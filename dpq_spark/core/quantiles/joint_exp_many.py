@@ -73,15 +73,13 @@ import math
 
 import numpy as np
 
-from dpq_spark.core.quantiles._logscan import logaddexp, segment_ends, segmented_scans
+from dpq_spark.core.quantiles._logscan import segment_ends, segmented_scans
 from dpq_spark.core.randomness.grid import (draw_index, draw_index_rows, draw_index_segments,
                                              uniform_multiset, uniform_multisets)
 from dpq_spark.core.quantiles.joint_exp import (
-    _LOG_RUN_TOL,
     _add_causal,
     _add_window,
     _bands,
-    _log_run_step,
 )
 
 __all__: list[str] = []
@@ -103,7 +101,7 @@ def _kernel_sums_many(src_pos, src_log, src_off, rec_pos, rec_off, t, c, hi=None
         return out
     groups = np.arange(t.size)
     src_len, rec_len = np.diff(src_off), np.diff(rec_off)
-    rg, sg = np.repeat(groups, rec_len), np.repeat(groups, src_len)
+    sg = np.repeat(groups, src_len)
     T = rec_pos - np.repeat(t, rec_len)  # a source at p adds exp(-c (T - p)) if p <= T, else exp(-c (p - T))
     lo, found = _search_groups(src_pos, src_len, T, rec_pos, rec_len, hi is None)
     hi = found if hi is None else hi
@@ -671,7 +669,7 @@ class _Dense:
 
     def __init__(self, fw: _Forward, coff: np.ndarray):
         self.fw = fw
-        G, m = fw.G, fw.m
+        G = fw.G
         rows_len = np.diff(coff)
         self.W = W = int(rows_len.max())
         self.col = np.arange(W)

@@ -66,7 +66,7 @@ def test_a_lost_threshold_forfeits_its_round_and_nothing_else():
     assert clean.hard_queries_left == mm.hard_queries_left == 4 and clean.forfeited_rounds == 0
     assert clean.epsilon_spent == pytest.approx(mm.epsilon_spent)
 
-    i = ask_until(mm, 2)
+    ask_until(mm, 2)
     mm.ask(QUERIES[50])  # a test of the third round ran
     assert mm.round_open and mm.hard_queries == 2
     resumed = session(seed=2, resume=through_json(mm))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 from scipy import sparse
 
 from dpq_spark.core.randomness.source import resolve_rng
