@@ -19,7 +19,8 @@ import numpy as np
 
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.quantiles._request import validate_request
-from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
+from dpq_spark.core.randomness.dlap_table import dlap_table
+from dpq_spark.core.randomness.samplers import as_fraction, dlap_scale
 from dpq_spark.core.quantiles._sorted_data import SortedData, sort_data
 from dpq_spark.core._validation import check_positive_int
 from dpq_spark.core.errors import DPQValueError
@@ -45,16 +46,25 @@ def _leaf_histogram(data: SortedData, lower: float, upper: float, leaves: int) -
     return np.bincount(idx, weights=data.counts.astype(np.float64), minlength=leaves)
 
 
+def node_noise(source, scale, size: int) -> np.ndarray:
+    """``size`` independent discrete Laplace draws of ``scale`` (int64), from the exact table
+    sampler (:mod:`dpq_spark.core.randomness.dlap_table`: the law of
+    :func:`~dpq_spark.core.randomness.samplers.discrete_laplace` from 16 random bits a draw,
+    about 0.1 us a draw where that takes a few; the table of a scale is built once and cached)."""
+    return dlap_table(as_fraction(scale)).sample(source, size)
+
+
 def noisy_levels(data: SortedData, lower: float, upper: float, branching: int, height: int, scale, gen) -> list:
     """The tree's node counts, level ``l`` holding ``branching**l`` nodes, each plus one discrete
-    Laplace draw of ``scale`` (levels 1 to ``height`` in that order; entry 0 is None)."""
+    Laplace draw of ``scale`` (:func:`node_noise`; levels 1 to ``height`` in that order, as
+    :func:`dpq_spark.core.quantiles.batch.release_many` draws them; entry 0 is None)."""
     exact = [None] * (height + 1)
     exact[height] = _leaf_histogram(data, lower, upper, branching**height)
     for level in range(height - 1, 0, -1):
         exact[level] = exact[level + 1].reshape(-1, branching).sum(axis=1)
     # counts are whole numbers below 2**53 (check_counts): the int64 conversion is exact
     return [None] + [
-        (exact[level].astype(np.int64) + discrete_laplace(gen, scale, size=exact[level].size)).astype(np.float64)
+        (exact[level].astype(np.int64) + node_noise(gen, scale, exact[level].size)).astype(np.float64)
         for level in range(1, height + 1)
     ]
 

@@ -46,14 +46,14 @@ def _dlap_pmf(scale, k):
 def _record_noise(monkeypatch):
     """Wrap agg_tree's sampler: every call's (scale, size, noise) is recorded, noise unchanged."""
     calls = []
-    real = AT.discrete_laplace
+    real = AT.node_noise
 
-    def recording(source, scale, size=None):
-        z = real(source, scale, size=size)
+    def recording(source, scale, size):
+        z = real(source, scale, size)
         calls.append((Fraction(scale), size, np.asarray(z)))
         return z
 
-    monkeypatch.setattr(AT, "discrete_laplace", recording)
+    monkeypatch.setattr(AT, "node_noise", recording)
     return calls
 
 
@@ -180,11 +180,11 @@ def test_the_release_reads_the_data_only_through_the_noisy_counts(monkeypatch, n
         exact = _node_counts(data, b, h)
         level = iter(range(h))
 
-        def forced(source, scale, size=None):
+        def forced(source, scale, size):
             i = next(level)
             return target[i] - exact[i]
 
-        monkeypatch.setattr(AT, "discrete_laplace", forced)
+        monkeypatch.setattr(AT, "node_noise", forced)
         return FUNCS[name](data, q, epsilon=1.0, lower=LO, upper=HI, neighboring=relation,
                            rng=np.random.default_rng(0))
 
@@ -196,26 +196,30 @@ def test_the_release_reads_the_data_only_through_the_noisy_counts(monkeypatch, n
 
 
 # --------------------------------------------------------------------------- accuracy
-def _mae(fn, n, eps, reps, m=99, seed=0, **kw):
+def _median_error(fn, n, eps, reps, m=99, **kw):
+    """The median absolute error over ``reps`` data sets (seeds 0..reps-1, noise seeds
+    100..) and m quantiles: the per-release mean has heavy tails (one unlucky node count moves
+    many quantiles), so a mean over a dozen releases swings by a third from seed to seed."""
     q = np.arange(1, m + 1) / (m + 1)
     errs = []
     for r in range(reps):
-        x = np.random.default_rng(seed + r).normal(0, 5, n)
+        x = np.random.default_rng(r).normal(0, 5, n)
         est = fn(x, q, epsilon=eps, lower=LO, upper=HI, rng=np.random.default_rng(100 + r), **kw)
-        errs.append(np.mean(np.abs(est - np.quantile(x, q, method="inverted_cdf"))))
-    return float(np.mean(errs))
+        errs.append(np.abs(est - np.quantile(x, q, method="inverted_cdf")))
+    return float(np.median(errs))
 
 
 def test_accuracy_at_99_quantiles_beats_the_default_tree():
-    # n = 1e4, epsilon = 1 (auto's 12**3 band): the 16**4 tree is about 0.032 on these seeds,
-    # the 12**3 tree 0.025, the 8**4 tree 0.027
-    default = _mae(agg_tree, 10_000, 1.0, 12)
-    for fn, most in ((agg_tree_12x3, 0.026), (agg_tree_8x4, 0.028)):
-        sized = _mae(fn, 10_000, 1.0, 12)
-        assert sized < most and sized < 0.85 * default
-    # n = 1e3, epsilon = 1 (the 8**3 band)
-    sized = _mae(agg_tree_8x3, 1000, 1.0, 12)
-    default = _mae(agg_tree, 1000, 1.0, 12)
+    # n = 1e4, epsilon = 1 (auto's 12**3 band), 40 releases: median error about 0.020 for the
+    # 16**4 tree, 0.012-0.014 for the 12**3 tree, 0.014 for the 8**4 tree (ratios 0.59-0.63 and
+    # 0.63-0.69 on three sets of 40 seeds)
+    default = _median_error(agg_tree, 10_000, 1.0, 40)
+    for fn, most, ratio in ((agg_tree_12x3, 0.016, 0.75), (agg_tree_8x4, 0.017, 0.8)):
+        sized = _median_error(fn, 10_000, 1.0, 40)
+        assert sized < most and sized < ratio * default
+    # n = 1e3, epsilon = 1 (the 8**3 band): ratio 0.45-0.51
+    sized = _median_error(agg_tree_8x3, 1000, 1.0, 40)
+    default = _median_error(agg_tree, 1000, 1.0, 40)
     assert sized < 0.6 * default
 
 

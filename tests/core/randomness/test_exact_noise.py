@@ -7,8 +7,8 @@ import importlib
 import numpy as np
 import pytest
 
-from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
-from dpq_spark.core.quantiles.agg_tree import agg_tree
+from dpq_spark.core.randomness.samplers import dlap_scale
+from dpq_spark.core.quantiles.agg_tree import agg_tree, node_noise
 from dpq_spark.core.quantiles.mechanisms import FLOAT_SAFE, MECHANISMS
 
 agg_module = importlib.import_module("dpq_spark.core.quantiles.agg_tree")  # the module, not the function
@@ -16,16 +16,16 @@ agg_module = importlib.import_module("dpq_spark.core.quantiles.agg_tree")  # the
 
 @pytest.fixture
 def draws(monkeypatch):
-    """Record every discrete Laplace call of AggTree (scale, size, noisy integers); the real
-    sampler runs."""
+    """Record every discrete Laplace call of AggTree (its ``node_noise``): scale, size, noisy
+    integers; the real sampler runs."""
     calls = []
 
-    def recording(source, scale, size=None):
-        out = discrete_laplace(source, scale, size)
+    def recording(source, scale, size):
+        out = node_noise(source, scale, size)
         calls.append((scale, size, out))
         return out
 
-    monkeypatch.setattr(agg_module, "discrete_laplace", recording)
+    monkeypatch.setattr(agg_module, "node_noise", recording)
     return calls
 
 
@@ -51,12 +51,12 @@ def test_agg_tree_noise_scale_has_power(monkeypatch):
         for seed in range(200):
             calls = []
 
-            def recording(source, scale, size=None):
-                out = discrete_laplace(source, scale, size)
+            def recording(source, scale, size):
+                out = node_noise(source, scale, size)
                 calls.append(out)
                 return out
 
-            monkeypatch.setattr(agg_module, "discrete_laplace", recording)
+            monkeypatch.setattr(agg_module, "node_noise", recording)
             agg_tree(x, [0.5], epsilon=eps, lower=-1, upper=1, branching=4, height=2,
                      rng=np.random.default_rng(seed))
             noise.append(calls[0])
