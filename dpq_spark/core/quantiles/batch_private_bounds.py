@@ -30,7 +30,7 @@ import numpy as np
 from dpq_spark.core.errors import BoundsNotFoundError
 from dpq_spark.core.quantiles._pure import get_base_mechanism
 from dpq_spark.core.quantiles.batch import BatchRelease, FlatGroups, release_many
-from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, private_bounds, with_private_bounds
+from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, private_bounds
 from dpq_spark.core.quantiles.choose import plan_auto
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
@@ -107,29 +107,22 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
                                       granularity=granularity)
         else:
             name, rest = mechanism, epsilon
-        if name != "joint_exp":  # with_private_bounds of the base mechanism, as auto runs it
-            try:
-                values[g] = with_private_bounds(get_base_mechanism(name))(
-                    v, q, epsilon=rest, neighboring=relation, counts=c, rng=source,
-                    bounds_share=share, **extra)
-            except BoundsNotFoundError:
-                continue
-            names[g] = name
-            continue
-        try:  # with_private_bounds's first step; its second is drawn with the held groups
+        # with_private_bounds's two steps, as auto runs them: the bounds at share * rest, then
+        # the mechanism inside them at (1 - share) * rest (q and epsilon are validated already)
+        try:
             found = private_bounds(v, epsilon=share * rest, neighboring=relation, counts=c,
                                    granularity=granularity, rng=source)
         except BoundsNotFoundError:
             continue
         names[g] = name
         grid = Grid(found.lower, found.upper, granularity)
-        if grid.steps < 1:  # a declared grid of one point: drawn here, as the core draws it
-            values[g] = get_base_mechanism(name)(v, q, epsilon=(1.0 - share) * rest,
-                                                 lower=found.lower, upper=found.upper,
-                                                 neighboring=relation, counts=c, rng=source,
-                                                 **extra)
+        if name == "joint_exp" and grid.steps >= 1:  # drawn later with the held groups
+            held.add(g, grid, v, c, (1.0 - share) * rest)
             continue
-        held.add(g, grid, v, c, (1.0 - share) * rest)
+        # another mechanism, or a declared grid of one point: drawn here, as the core draws it
+        values[g] = get_base_mechanism(name)(v, q, epsilon=(1.0 - share) * rest,
+                                             lower=found.lower, upper=found.upper,
+                                             neighboring=relation, counts=c, rng=source, **extra)
     held.draw()
     return BatchRelease(values, names)
 
