@@ -980,11 +980,15 @@ def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarr
         first = fw.first[g, jj - 1]
         stop = np.minimum(first + fw.length[g, jj - 1], ii) - first
         at = fw.base[jj - 1] + fw.off[jj - 1, g]
-        seg_rows = np.repeat(np.arange(todo.size), stop)
-        r = np.arange(seg_rows.size) - np.repeat(np.cumsum(stop) - stop, stop)
-        log_w = S_all[at[seg_rows] + r] - fw.c * np.abs(
-            fw.pos[ii[seg_rows]] - fw.pos[first[seg_rows] + r] - fw.targets[g[seg_rows], jj[seg_rows]])
-        i[todo] = first + _draw_segments(log_w, np.cumsum(stop) - stop, stop, source)
+        # entry e of segment s is cell first[s] + e, S at at[s] + e: per-segment values are
+        # repeated, not gathered per entry; the same floats, in the same order, as
+        # S_all[at + e] - c |(pos[ii] - pos[first + e]) - target|
+        offsets = np.cumsum(stop) - stop
+        e = np.arange(int(offsets[-1] + stop[-1])) - np.repeat(offsets, stop)
+        d = np.repeat(fw.pos[ii], stop) - fw.pos[e + np.repeat(first, stop)]
+        d -= np.repeat(fw.targets[g, jj], stop)
+        log_w = S_all[e + np.repeat(at, stop)] - fw.c * np.abs(d)
+        i[todo] = first + _draw_segments(log_w, offsets, stop, source)
     return cell_of
 
 
