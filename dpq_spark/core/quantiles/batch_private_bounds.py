@@ -5,10 +5,15 @@ JointExp draws of all groups run together.
 :mod:`dpq_spark.core.quantiles.mechanisms`) gives it alone with ``lower = upper = None``: under
 ``auto`` the noisy count and the choice (:func:`~dpq_spark.core.quantiles.choose.plan_auto`),
 then the private bounds (:func:`~dpq_spark.core.quantiles.bounds.private_bounds`, ``bounds_share``
-of what is left), then the mechanism inside those bounds with the rest. The first two steps
-run group by group, in that order, from one random source. A group whose mechanism is JointExp
-is then set aside: its data snapped to the default grid of its own bounds (``Grid(lower,
-upper)``, 2**32 steps whatever the bounds), and the set-aside groups are drawn together by
+of what is left), then the mechanism inside those bounds with the rest. All from one random
+source: auto's noisy counts and choices for all groups as one array
+(:func:`~dpq_spark.core.quantiles.choose.plan_auto_many`), then the bounds' gates, their noisy
+counts as one array (:func:`~dpq_spark.core.quantiles.bounds.bounds_gate`: most groups of a few
+dozen rows stop here, flagged), then, group by group, the searches of the groups that passed
+(:func:`~dpq_spark.core.quantiles.bounds.search_bounds`). For one group these are the very draws
+of the core, in its order. A group whose mechanism is JointExp is then set aside: its data
+snapped to the default grid of its own bounds (``Grid(lower, upper)``, 2**32 steps whatever the
+bounds), and the set-aside groups are drawn together by
 :func:`~dpq_spark.core.quantiles.batch.release_many` on those grid indices. Other mechanisms
 run group by group.
 
@@ -19,19 +24,19 @@ number k, therefore draws index k with the law the core's ``joint_exp`` draws it
 ``Grid(lower, upper)``; the group's release is ``Grid(lower, upper).value(k)``. A declared grid
 (``granularity``) of N steps, jittered as the core jitters it (the jitter depends on N only),
 is drawn the same way on ``Grid(0, N, 1)`` with the groups of the same N. Groups are
-independent given their data, so drawing them after every group's bounds, in one call, changes
-no group's law (the draws are not those of the per-group path for the same seed).
+independent given their data, so drawing each step for all groups before the next, in one call,
+changes no group's law (for several groups the draws are not those of the per-group path for
+the same seed).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from dpq_spark.core.errors import BoundsNotFoundError
 from dpq_spark.core.quantiles._pure import get_base_mechanism
 from dpq_spark.core.quantiles.batch import BatchRelease, FlatGroups, release_many
-from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, private_bounds
-from dpq_spark.core.quantiles.choose import plan_auto
+from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, UNIT, bounds_gate, search_bounds
+from dpq_spark.core.quantiles.choose import plan_auto_many
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
 
@@ -92,28 +97,34 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
     relation = NeighboringRelation.parse(neighboring)
     share = DEFAULT_BOUNDS_SHARE if bounds_share is None else float(bounds_share)
     q = np.asarray(quantiles, dtype=np.float64)
-    x, counts, bounds = (np.asarray(a) for a in (groups.values, groups.counts, groups.bounds))
+    x = np.asarray(groups.values, dtype=np.float64)
+    counts = np.asarray(groups.counts, dtype=np.int64)
+    bounds = np.asarray(groups.bounds)
     G, m = bounds.size - 1, q.size
     values = np.full((G, m), np.nan)
     names = [BOUNDS_NOT_FOUND] * G
     extra = {} if granularity is None else {"granularity": granularity}
+    unit = UNIT if granularity is None else float(granularity)
+    running = np.concatenate(([0], np.cumsum(counts)))
+    totals = running[bounds[1:]] - running[bounds[:-1]]
+    # auto's noisy counts and choices, then the bounds' gates: each an array over all groups
+    # (for one group the very draws of auto, with_private_bounds and private_bounds)
+    if mechanism == "auto":
+        picked, rest, _ = plan_auto_many(m, totals, epsilon=epsilon, neighboring=relation,
+                                         source=source, bounds_missing=True, bounds_share=share,
+                                         granularity=granularity)
+    else:
+        picked, rest = [mechanism] * G, float(epsilon)
+    gate = bounds_gate(totals, epsilon=share * rest, neighboring=relation, source=source)
     held = _Held(q, relation, source, values, declared=granularity is not None)
-    for g in range(G):
+    for g in np.flatnonzero(gate.passed).tolist():
         a, b = int(bounds[g]), int(bounds[g + 1])
         v, c = x[a:b], counts[a:b]
-        if mechanism == "auto":
-            name, rest, _ = plan_auto(m, int(c.sum()), epsilon=epsilon, neighboring=relation,
-                                      source=source, bounds_missing=True, bounds_share=share,
-                                      granularity=granularity)
-        else:
-            name, rest = mechanism, epsilon
-        # with_private_bounds's two steps, as auto runs them: the bounds at share * rest, then
-        # the mechanism inside them at (1 - share) * rest (q and epsilon are validated already)
-        try:
-            found = private_bounds(v, epsilon=share * rest, neighboring=relation, counts=c,
-                                   granularity=granularity, rng=source)
-        except BoundsNotFoundError:
-            continue
+        name = picked[g]
+        # the rest of with_private_bounds's two steps: the searches of the bounds (share * rest),
+        # then the mechanism inside them at (1 - share) * rest
+        found = search_bounds(v, c, epsilon=share * rest, gate=gate, n_public=float(gate.n_public[g]),
+                              unit=unit, source=source)
         names[g] = name
         grid = Grid(found.lower, found.upper, granularity)
         if name == "joint_exp" and grid.steps >= 1:  # drawn later with the held groups

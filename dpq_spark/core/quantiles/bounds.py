@@ -347,25 +347,63 @@ def private_bounds(
     source = resolve_rng(rng)
 
     w = np.ones(x.size, dtype=np.int64) if c is None else np.asarray(c, dtype=np.int64)
-    total = int(w.sum())
     sides = int(lo_given is None) + int(hi_given is None)
-    if relation is NeighboringRelation.SWAP:
-        n_public, eps_sides = float(total), eps / sides
-    elif n_hint is not None:
-        n_public, eps_sides = float(n_hint), eps
-    else:
-        n_public, eps_sides = None, (1.0 - COUNT_SHARE) * eps
-    n_min = min_rows(eps_sides)
-    judged_by = ("n (public under swap)" if relation is NeighboringRelation.SWAP else "n_hint")
-    if n_public is None:
-        judged_by = "the noisy row count"
-        n_public = float(total + discrete_laplace(source, dlap_scale(1, COUNT_SHARE * eps)))
-    if not n_public >= n_min:
-        raise BoundsNotFoundError(epsilon=eps, min_rows=n_min, judged_by=judged_by)
+    gate = bounds_gate(np.array([int(w.sum())]), epsilon=eps, neighboring=relation, sides=sides,
+                       n_hint=n_hint, source=source)
+    if not gate.passed[0]:
+        raise BoundsNotFoundError(epsilon=eps, min_rows=gate.min_rows, judged_by=gate.judged_by)
+    return search_bounds(x, w, epsilon=eps, gate=gate, n_public=float(gate.n_public[0]),
+                         lower=lo_given, upper=hi_given, unit=unit, source=source)
 
+
+@dataclass(frozen=True)
+class BoundsGate:
+    """The gate of :func:`private_bounds` for groups of rows (one entry per group): the row
+    count it read (``n_public``: public ``n`` under swap, ``n_hint``, or a noisy count), the
+    budget of each searched side, the rows it asks for, what it read, and which groups pass."""
+
+    n_public: np.ndarray
+    eps_sides: float
+    min_rows: int
+    judged_by: str
+    passed: np.ndarray
+
+
+def bounds_gate(totals: np.ndarray, *, epsilon: float, neighboring, sides: int = 2, n_hint=None,
+                source) -> BoundsGate:
+    """:func:`private_bounds`' gate for groups of ``totals`` rows (int array), each with the
+    bounds budget ``epsilon`` and ``sides`` sides to search (arguments validated by the caller;
+    ``neighboring`` a NeighboringRelation, ``source`` a RandomSource). Under add/remove without
+    ``n_hint`` every group's noisy count ``n + DLap(1 / (COUNT_SHARE epsilon))`` is drawn in one
+    array (:func:`~dpq_spark.core.randomness.samplers.discrete_laplace` with a size, also for
+    one group), so a batch of groups draws what that many calls of :func:`private_bounds` would
+    draw in law, and a batch of one what one call draws, seed for seed.
+
+    Privacy: the noisy count is ``COUNT_SHARE epsilon``-DP for each group (sensitivity 1 under
+    add/remove); under swap ``n`` is public and nothing is spent; ``n_hint`` is public."""
+    totals = np.asarray(totals, dtype=np.int64)
+    if neighboring is NeighboringRelation.SWAP:
+        n_public, eps_sides, judged_by = totals.astype(np.float64), epsilon / sides, "n (public under swap)"
+    elif n_hint is not None:
+        n_public, eps_sides, judged_by = np.full(totals.size, float(n_hint)), epsilon, "n_hint"
+    else:
+        noise = discrete_laplace(source, dlap_scale(1, COUNT_SHARE * epsilon), size=totals.size)
+        n_public = (totals + noise).astype(np.float64)
+        eps_sides, judged_by = (1.0 - COUNT_SHARE) * epsilon, "the noisy row count"
+    n_min = min_rows(eps_sides)
+    return BoundsGate(n_public, eps_sides, n_min, judged_by, n_public >= n_min)
+
+
+def search_bounds(x: np.ndarray, w: np.ndarray, *, epsilon: float, gate: BoundsGate,
+                  n_public: float, lower=None, upper=None, unit: float = UNIT,
+                  source) -> PrivateBounds:
+    """:func:`private_bounds` after its gate, for one group that passed it: the two searches
+    (or the one of a missing side) on the values ``x`` with integer weights ``w`` (validated),
+    at ``gate.eps_sides`` each, then the widening by ``n_public`` (the gate's count of this
+    group). ``epsilon`` is the whole bounds budget (recorded in the result)."""
     mags = _ladder(unit)
-    rho_scale, nu_scale = _scales(eps_sides)
-    threshold = side_threshold(eps_sides)
+    rho_scale, nu_scale = _scales(gate.eps_sides)
+    threshold = side_threshold(gate.eps_sides)
 
     def search(side_values, side_weights) -> float:
         order = np.argsort(side_values, kind="stable")
@@ -373,6 +411,7 @@ def private_bounds(
         beyond = cum[-1] - cum[np.searchsorted(xs, mags, side="right")]   # #{v > m_j}
         return float(mags[_search(beyond, rho_scale, nu_scale, threshold, source)])
 
+    lo_given, hi_given = lower, upper
     raw_hi = raw_lo = None
     if hi_given is None:
         pos = x > 0
@@ -401,7 +440,7 @@ def private_bounds(
             lo = hi - step if hi_given is not None else lo - step
         if hi_given is None:
             hi = lo + step if lo_given is not None else hi + step
-    return PrivateBounds(float(lo), float(hi), eps, raw_lo, raw_hi)
+    return PrivateBounds(float(lo), float(hi), epsilon, raw_lo, raw_hi)
 
 
 def with_private_bounds(mechanism):

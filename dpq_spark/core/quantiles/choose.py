@@ -273,24 +273,51 @@ def plan_auto(m: int, true_n: int, *, epsilon: float, neighboring, source, n_hin
     add/remove; nothing is spent under swap (n public) or with a public ``n_hint``. The choice is
     post-processing of public values and that count.
     """
+    names, rest, n_used = plan_auto_many(
+        m, np.array([int(true_n)]), epsilon=epsilon, neighboring=neighboring, source=source,
+        n_hint=n_hint, count_share=count_share, bounds_missing=bounds_missing,
+        bounds_share=bounds_share, grid_size=grid_size, granularity=granularity)
+    return names[0], rest, float(n_used[0])
+
+
+def plan_auto_many(m: int, totals: np.ndarray, *, epsilon: float, neighboring, source,
+                   n_hint=None, count_share: float = DEFAULT_COUNT_SHARE,
+                   bounds_missing: bool = False, bounds_share: float | None = None,
+                   grid_size: int | None = None,
+                   granularity: float | None = None) -> tuple[list, float, np.ndarray]:
+    """:func:`plan_auto` for groups of ``totals`` rows (int array), the same arguments for all:
+    ``(names, rest, n_used)``, one name and count per group, and the one ``rest``. The noisy
+    counts are drawn as one array (:func:`~dpq_spark.core.randomness.samplers.discrete_laplace`
+    with a size, also for one group: :func:`plan_auto` is this with one group, seed for seed).
+
+    Privacy
+    -------
+    As :func:`plan_auto`, for each group: ``count_share * epsilon``-DP under add/remove.
+    """
     relation = NeighboringRelation.parse(neighboring)
+    totals = np.asarray(totals, dtype=np.int64)
     rest = float(epsilon)
     if relation is NeighboringRelation.SWAP:
-        n_used = float(true_n)
+        n_used = totals.astype(np.float64)
     elif n_hint is not None:
-        n_used = float(n_hint)
+        n_used = np.full(totals.size, float(n_hint))
     else:
-        noisy = int(true_n) + discrete_laplace(source, dlap_scale(1, count_share * epsilon))
-        n_used = float(max(noisy, 0))
+        noisy = totals + discrete_laplace(source, dlap_scale(1, count_share * epsilon), size=totals.size)
+        n_used = np.maximum(noisy, 0).astype(np.float64)
         rest = (1.0 - count_share) * epsilon
     if bounds_missing:
         share = DEFAULT_BOUNDS_SHARE if bounds_share is None else bounds_share
         quantile_eps = rest * (1.0 - share)
     else:
         quantile_eps = rest
-    name = choose_mechanism(int(m), n=n_used, epsilon=quantile_eps, grid_size=grid_size,
-                            granularity=granularity)
-    return name, rest, n_used
+    chosen: dict[float, str] = {}  # the rule once per distinct count
+    names = []
+    for n in n_used.tolist():
+        if n not in chosen:
+            chosen[n] = choose_mechanism(int(m), n=n, epsilon=quantile_eps, grid_size=grid_size,
+                                         granularity=granularity)
+        names.append(chosen[n])
+    return names, rest, n_used
 
 
 def _check_share(value, name: str) -> float:

@@ -13,6 +13,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from dpq_spark.core import auto
+from dpq_spark.core.errors import BoundsNotFoundError
 from dpq_spark.core.quantiles import batch_private_bounds as bpb
 from dpq_spark.core.quantiles.batch import FlatGroups
 from dpq_spark.core.quantiles.mechanisms import joint_exp
@@ -47,7 +48,7 @@ def test_one_group_is_drawn_as_the_core_draws_it(mechanism, n, epsilon, relation
             want = np.asarray(CORE[mechanism](v, DECILES, epsilon=epsilon, counts=c,
                                               neighboring=relation,
                                               rng=np.random.default_rng(seed + 10), **extra))
-        except bpb.BoundsNotFoundError:
+        except BoundsNotFoundError:
             want = None
         got = bpb.release_many_private_bounds(
             _flat([data]), DECILES, epsilon=epsilon, neighboring=relation, mechanism=mechanism,
@@ -112,3 +113,38 @@ def test_groups_keep_their_own_data_and_small_ones_are_flagged(granularity):
         if n >= 10:
             assert np.all(np.diff(got.values[g]) >= 0)
             assert np.all(np.abs(got.values[g] - np.quantile(data, DECILES)) < 2.0), g
+
+
+@pytest.mark.parametrize("relation", ["add_remove", "swap"])
+def test_the_gates_of_many_groups_pass_with_the_cores_probability(relation):
+    """2,000 copies of a group 20 rows above the gate's rule, in one call (every group's noisy
+    count drawn in one array): under add/remove the share that passes is binomial with the
+    exact P(n + DLap(b) >= min_rows), b the scale of COUNT_SHARE of the bounds' budget, and
+    not with the scale of twice that budget; under swap n is public and every group passes."""
+    from scipy.stats import binomtest
+
+    from dpq_spark.core.quantiles.bounds import COUNT_SHARE, _dlap_cdf, min_rows
+    from dpq_spark.core.randomness.samplers import dlap_scale
+
+    eps, share, runs = 1.0, 0.2, 2000
+    bounds_eps = share * eps
+    eps_sides = (1.0 - COUNT_SHARE) * bounds_eps if relation == "add_remove" else bounds_eps / 2
+    n = min_rows(eps_sides) + 20
+    data = np.random.default_rng(8).normal(0.0, 5.0, n)
+    got = bpb.release_many_private_bounds(_flat([data] * runs), DECILES, epsilon=eps,
+                                          neighboring=relation, mechanism="joint_exp",
+                                          bounds_share=share,
+                                          source=resolve_rng(np.random.default_rng(9)))
+    passed = sum(name != "bounds_not_found" for name in got.mechanisms)
+    if relation == "swap":
+        assert passed == runs
+        return
+
+    def p_pass(scale):  # P(Y >= -20) = 1 - P(Y <= -21)
+        return 1.0 - float(_dlap_cdf(float(scale), np.array(-21)))
+
+    right = p_pass(dlap_scale(1, COUNT_SHARE * bounds_eps))
+    wrong = p_pass(dlap_scale(1, 2 * COUNT_SHARE * bounds_eps))
+    assert 0.6 < right < 0.7 and wrong - right > 0.1  # the test can tell them apart
+    assert binomtest(passed, runs, right).pvalue > 1e-3
+    assert binomtest(passed, runs, wrong).pvalue < 1e-6

@@ -264,7 +264,7 @@ def _old_auto(x, q, epsilon, lower, upper, rng, share=0.05):
     """The pre-split ``auto`` recipe with bounds, written out: one source, noisy count, choice,
     then the base mechanism on the same source."""
     source = resolve_rng(rng)
-    noisy = x.size + discrete_laplace(source, dlap_scale(1, share * epsilon))
+    noisy = x.size + discrete_laplace(source, dlap_scale(1, share * epsilon), size=1)[0]
     rest = (1 - share) * epsilon
     name = choose_mechanism(len(q), n=float(max(noisy, 0)), epsilon=rest)
     return name, get_base_mechanism(name)(x, q, epsilon=rest, lower=lower, upper=upper,
