@@ -19,8 +19,8 @@ import numpy as np
 
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.quantiles._request import validate_request
-from dpq_spark.core.randomness.dlap_table import dlap_table
-from dpq_spark.core.randomness.samplers import as_fraction, dlap_scale
+from dpq_spark.core.randomness.dlap_table import dlap_many
+from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles._sorted_data import SortedData, sort_data
 from dpq_spark.core._validation import check_positive_int
 from dpq_spark.core.errors import DPQValueError
@@ -47,11 +47,10 @@ def _leaf_histogram(data: SortedData, lower: float, upper: float, leaves: int) -
 
 
 def node_noise(source, scale, size: int) -> np.ndarray:
-    """``size`` independent discrete Laplace draws of ``scale`` (int64), from the exact table
-    sampler (:mod:`dpq_spark.core.randomness.dlap_table`: the law of
-    :func:`~dpq_spark.core.randomness.samplers.discrete_laplace` from 16 random bits a draw,
-    about 0.1 us a draw where that takes a few; the table of a scale is built once and cached)."""
-    return dlap_table(as_fraction(scale)).sample(source, size)
+    """``size`` independent discrete Laplace draws of ``scale`` (int64), exactly
+    (:func:`~dpq_spark.core.randomness.dlap_table.dlap_many`: the cached table of the scale, 16
+    random bits a draw, about 0.1 us where the rejection sampler takes a few)."""
+    return dlap_many(source, scale, size)
 
 
 def noisy_levels(data: SortedData, lower: float, upper: float, branching: int, height: int, scale, gen) -> list:

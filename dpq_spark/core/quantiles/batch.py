@@ -105,7 +105,7 @@ from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx
 from dpq_spark.core.quantiles.approx_quantiles import split_lazily
 from dpq_spark.core.quantiles.approx_quantiles import _sensitivity as _approx_sensitivity
 from dpq_spark.core.quantiles.approx_quantiles import recursion_depth
-from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, _check_share, choose_mechanism
+from dpq_spark.core.quantiles.choose import DEFAULT_COUNT_SHARE, _check_share, plan_auto_many
 from dpq_spark.core.errors import DPQValueError
 from dpq_spark.core.randomness.grid import (
     Grid,
@@ -584,17 +584,13 @@ def _check_groups(groups, keep_integers=False):
 
 
 def _auto_names(n, m, eps, relation, share, source, grid: Grid, granularity):
-    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon,
-    by :func:`~dpq_spark.core.quantiles.choose.choose_mechanism` with the public grid's size and
-    declared step, as :func:`~dpq_spark.core.quantiles.choose.plan_auto` calls it."""
-    if relation is NeighboringRelation.SWAP:
-        n_used, rest = n, eps
-    else:
-        noisy = n + dlap_table(dlap_scale(1, share * eps)).sample(source, n.size)
-        n_used, rest = np.maximum(noisy, 0), (1.0 - share) * eps
-    choice = {int(v): choose_mechanism(m, n=float(v), epsilon=rest, grid_size=grid.size,
-                                       granularity=granularity) for v in np.unique(n_used)}
-    return [choice[int(v)] for v in n_used], rest, n_used
+    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon:
+    :func:`~dpq_spark.core.quantiles.choose.plan_auto_many` with the public grid's size and
+    declared step."""
+    names, rest, n_used = plan_auto_many(m, n, epsilon=eps, neighboring=relation, source=source,
+                                         count_share=share, grid_size=grid.size,
+                                         granularity=granularity)
+    return names, rest, n_used
 
 
 # --------------------------------------------------------------------------------------------

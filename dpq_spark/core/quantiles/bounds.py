@@ -101,8 +101,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.randomness.dlap_table import dlap_table
-from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
+from dpq_spark.core.randomness.dlap_table import dlap_many, dlap_table
+from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core._validation import (
     _is_real,
     check_counts,
@@ -375,8 +375,7 @@ def bounds_gate(totals: np.ndarray, *, epsilon: float, neighboring, sides: int =
     bounds budget ``epsilon`` and ``sides`` sides to search (arguments validated by the caller;
     ``neighboring`` a NeighboringRelation, ``source`` a RandomSource). Under add/remove without
     ``n_hint`` every group's noisy count ``n + DLap(1 / (COUNT_SHARE epsilon))`` is drawn in one
-    array (:func:`~dpq_spark.core.randomness.samplers.discrete_laplace` with a size, also for
-    one group), so a batch of groups draws what that many calls of :func:`private_bounds` would
+    array (:func:`~dpq_spark.core.randomness.dlap_table.dlap_many`, also for one group), so a batch of groups draws what that many calls of :func:`private_bounds` would
     draw in law, and a batch of one what one call draws, seed for seed.
 
     Privacy: the noisy count is ``COUNT_SHARE epsilon``-DP for each group (sensitivity 1 under
@@ -387,7 +386,7 @@ def bounds_gate(totals: np.ndarray, *, epsilon: float, neighboring, sides: int =
     elif n_hint is not None:
         n_public, eps_sides, judged_by = np.full(totals.size, float(n_hint)), epsilon, "n_hint"
     else:
-        noise = discrete_laplace(source, dlap_scale(1, COUNT_SHARE * epsilon), size=totals.size)
+        noise = dlap_many(source, dlap_scale(1, COUNT_SHARE * epsilon), totals.size)
         n_public = (totals + noise).astype(np.float64)
         eps_sides, judged_by = (1.0 - COUNT_SHARE) * epsilon, "the noisy row count"
     n_min = min_rows(eps_sides)

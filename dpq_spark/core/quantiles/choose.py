@@ -106,7 +106,8 @@ import numpy as np
 
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
+from dpq_spark.core.randomness.dlap_table import dlap_many
+from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core._validation import (_is_real, check_counts, check_epsilon, check_granularity,
                                         check_quantiles, check_values)
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
@@ -287,8 +288,8 @@ def plan_auto_many(m: int, totals: np.ndarray, *, epsilon: float, neighboring, s
                    granularity: float | None = None) -> tuple[list, float, np.ndarray]:
     """:func:`plan_auto` for groups of ``totals`` rows (int array), the same arguments for all:
     ``(names, rest, n_used)``, one name and count per group, and the one ``rest``. The noisy
-    counts are drawn as one array (:func:`~dpq_spark.core.randomness.samplers.discrete_laplace`
-    with a size, also for one group: :func:`plan_auto` is this with one group, seed for seed).
+    counts are drawn as one array (:func:`~dpq_spark.core.randomness.dlap_table.dlap_many`, also
+    for one group: :func:`plan_auto` is this with one group, seed for seed).
 
     Privacy
     -------
@@ -302,7 +303,7 @@ def plan_auto_many(m: int, totals: np.ndarray, *, epsilon: float, neighboring, s
     elif n_hint is not None:
         n_used = np.full(totals.size, float(n_hint))
     else:
-        noisy = totals + discrete_laplace(source, dlap_scale(1, count_share * epsilon), size=totals.size)
+        noisy = totals + dlap_many(source, dlap_scale(1, count_share * epsilon), totals.size)
         n_used = np.maximum(noisy, 0).astype(np.float64)
         rest = (1.0 - count_share) * epsilon
     if bounds_missing:

@@ -51,9 +51,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpq_spark.core.randomness.samplers import as_fraction, geometric
+from dpq_spark.core.randomness.samplers import as_fraction, discrete_laplace, geometric
 
-__all__ = ["DLapTable", "dlap_table"]
+__all__ = ["DLapTable", "dlap_table", "dlap_many"]
 
 _U_BITS = 63  # U: the first 63 bits of u
 _PREFIX_BITS = 15  # p: the first 15 bits of u (with the sign bit, one 16-bit word)
@@ -208,3 +208,21 @@ class DLapTable:
 def dlap_table(scale: Fraction) -> DLapTable:
     """The (cached) table of ``scale``; tables are public (they depend on the scale only)."""
     return DLapTable(scale)
+
+
+#: :func:`dlap_many` uses the table up to this scale (built in at most a few tens of
+#: milliseconds, about 1 MiB); above it, where a table would take seconds and tens of MiB,
+#: the array form of :func:`~dpq_spark.core.randomness.samplers.discrete_laplace`
+TABLE_MAX_SCALE = 1 << 12
+
+
+def dlap_many(source, scale, size: int) -> np.ndarray:
+    """``size`` independent discrete Laplace draws of ``scale`` (int64, any ``size >= 0``):
+    the exact law of :func:`~dpq_spark.core.randomness.samplers.discrete_laplace` either way,
+    from the cached table of the scale (16 random bits a draw) when it is at most
+    :data:`TABLE_MAX_SCALE`, else from that function's array sampler. Many groups' noisy
+    counts in one call, and one group's in a call of size 1, take the same path."""
+    frac = as_fraction(scale)
+    if frac <= TABLE_MAX_SCALE:
+        return dlap_table(frac).sample(source, size)
+    return discrete_laplace(source, frac, size=int(size))

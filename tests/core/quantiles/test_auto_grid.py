@@ -9,7 +9,8 @@ import pytest
 from dpq_spark.core import auto, choose_mechanism
 from dpq_spark.core.quantiles._pure import get_base_mechanism
 from dpq_spark.core.quantiles.choose import TYPED_GRID_MAX, grid_points, plan_auto
-from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
+from dpq_spark.core.randomness.dlap_table import dlap_many
+from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.randomness.source import resolve_rng
 
 
@@ -170,7 +171,7 @@ def _auto_then_recipe(x, q, eps, rng, share):
     """auto's accounting written out: a noisy count at ``share * eps``, the rule on it, the chosen
     base mechanism at ``(1 - share) eps`` on the same source."""
     source = resolve_rng(rng)
-    noisy = x.size + discrete_laplace(source, dlap_scale(1, share * eps), size=1)[0]
+    noisy = x.size + dlap_many(source, dlap_scale(1, share * eps), 1)[0]
     rest = (1 - share) * eps
     name = choose_mechanism(len(q), n=float(max(noisy, 0)), epsilon=rest, grid_size=101, granularity=1)
     return name, get_base_mechanism(name)(x, q, epsilon=rest, lower=0, upper=100, granularity=1,

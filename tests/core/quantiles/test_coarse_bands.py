@@ -11,7 +11,8 @@ from scipy.special import logsumexp
 
 from dpq_spark.core.quantiles import coarse_bands as cb
 from dpq_spark.core.randomness.source import resolve_rng
-from dpq_spark.core.randomness.samplers import discrete_laplace, dlap_scale
+from dpq_spark.core.randomness.dlap_table import dlap_many
+from dpq_spark.core.randomness.samplers import dlap_scale
 from dpq_spark.core.quantiles.choose import auto, choose_mechanism, plan_auto
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
@@ -264,7 +265,7 @@ def _old_auto(x, q, epsilon, lower, upper, rng, share=0.05):
     """The pre-split ``auto`` recipe with bounds, written out: one source, noisy count, choice,
     then the base mechanism on the same source."""
     source = resolve_rng(rng)
-    noisy = x.size + discrete_laplace(source, dlap_scale(1, share * epsilon), size=1)[0]
+    noisy = x.size + dlap_many(source, dlap_scale(1, share * epsilon), 1)[0]
     rest = (1 - share) * epsilon
     name = choose_mechanism(len(q), n=float(max(noisy, 0)), epsilon=rest)
     return name, get_base_mechanism(name)(x, q, epsilon=rest, lower=lower, upper=upper,

@@ -60,6 +60,25 @@ def test_discrete_laplace_vector_matches_exact_pmf_and_rejects_20_percent_off(sc
         assert binned_pvalue(draws, dlap_cdf, scale, wrong) < 1e-6
 
 
+@pytest.mark.parametrize("scale", [Fraction(1, 3), Fraction(4), S.dlap_scale(1, 0.3),
+                                   Fraction(1 << 12), Fraction((1 << 12) + 1), Fraction(10**5)],
+                         ids=str)
+def test_dlap_many_matches_exact_pmf_on_both_paths_and_rejects_20_percent_off(scale):
+    """dlap_many's table path (scales up to TABLE_MAX_SCALE) and its rejection path (above),
+    each against the exact law; in one call of 60,000 and in calls of one draw."""
+    from dpq_spark.core.randomness.dlap_table import TABLE_MAX_SCALE, dlap_many, dlap_table
+
+    dlap_table.cache_clear()
+    src = source(3)
+    draws = np.concatenate([dlap_many(src, scale, 60_000),
+                            [dlap_many(src, scale, 1)[0] for _ in range(2_000)]])
+    assert draws.dtype == np.int64
+    assert (dlap_table.cache_info().currsize == 1) == (scale <= TABLE_MAX_SCALE)
+    assert binned_pvalue(draws, dlap_cdf, scale, scale) > 1e-3
+    for wrong in (float(scale) * 1.2, float(scale) * 0.8):
+        assert binned_pvalue(draws, dlap_cdf, scale, wrong) < 1e-6
+
+
 @pytest.mark.parametrize("scale", [Fraction(1, 3), Fraction(4), Fraction(1000)], ids=str)
 def test_discrete_laplace_scalar_matches_exact_pmf_and_rejects_20_percent_off(scale):
     src = source(2)
