@@ -562,36 +562,42 @@ def _release_buckets(counter: CodeCounter, params: ReleaseParams, units_of, hash
     """Bounds-free path: release each group from its (bucket, count) pairs, each as
     :func:`release_values` releases it; with production randomness and public keys, by
     :func:`~dpq_spark.core.quantiles.batch_private_bounds.release_many_private_bounds` (the
-    JointExp draws of many groups together)."""
+    JointExp draws of many groups together). Yields ``(gid, values, name)`` as the groups are
+    released, so that only the groups of the current chunk are held, not the partition's."""
     span = params.resolution
     counter.compact()
     codes, counts = counter.codes, counter.counts
+    if codes.size == 0:
+        return
     group_of = codes // span
-    cells = codes - group_of * span
-    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]]) if codes.size else []
-    ends = np.r_[starts[1:], len(group_of)] if codes.size else []
-    if codes.size and _free_batchable(params):
-        out, source = [], resolve_rng(None)
-        edges = np.append(starts, codes.size)
+    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
+    gids = group_of[starts]
+    del group_of  # as large as the partition's buckets: each chunk's cells are computed alone
+    edges = np.append(starts, codes.size)
+    del starts
+
+    def cells(x, y):  # the buckets of codes[x:y]
+        return codes[x:y] - (codes[x:y] // span) * span
+
+    if _free_batchable(params):
+        source = resolve_rng(None)
         a = 0
-        while a < starts.size:  # whole groups of about _FREE_ENTRIES buckets at a time
+        while a < gids.size:  # whole groups of about _FREE_ENTRIES buckets at a time
             b = max(a + 1, int(np.searchsorted(edges, edges[a] + _FREE_ENTRIES, side="right")) - 1)
             x, y = int(edges[a]), int(edges[b])
             got = release_many_private_bounds(
-                FlatGroups(bucket_values(cells[x:y]), counts[x:y], edges[a:b + 1] - x),
+                FlatGroups(bucket_values(cells(x, y)), counts[x:y], edges[a:b + 1] - x),
                 np.asarray(params.quantiles, dtype=np.float64), epsilon=params.epsilon,
                 neighboring=params.neighboring, mechanism=params.mechanism,
                 bounds_share=params.bounds_share, granularity=params.granularity, source=source)
-            out += zip(group_of[starts[a:b]].tolist(), got.values, got.mechanisms)
+            yield from zip(gids[a:b].tolist(), got.values, got.mechanisms)
             a = b
-        return out
-    out = []
-    for a, b in zip(starts, ends):
-        gid = int(group_of[a])
-        got = release_values(cells[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
+        return
+    for i, gid in enumerate(gids.tolist()):
+        x, y = int(edges[i]), int(edges[i + 1])
+        got = release_values(cells(x, y), counts[x:y], units_of(gid), hash_of(gid), params)
         if got is not None:
-            out.append((gid, *got))
-    return out
+            yield (gid, *got)
 
 
 def _frame(keys: dict, params: ReleaseParams, values: np.ndarray, mechanism: str) -> pd.DataFrame:
