@@ -210,9 +210,9 @@ def dlap_table(scale: Fraction) -> DLapTable:
     return DLapTable(scale)
 
 
-#: :func:`dlap_many` uses the table up to this scale (built in at most a few tens of
-#: milliseconds, about 1 MiB); above it, where a table would take seconds and tens of MiB,
-#: the array form of :func:`~dpq_spark.core.randomness.samplers.discrete_laplace`
+#: :func:`dlap_many` uses the table up to this scale (about 35 thresholds per unit of scale:
+#: 0.1 s and 2 MiB to build at 4,096, 1.3 s and 49 MiB at 1e5, measured on 2 cores); above
+#: it, the array form of :func:`~dpq_spark.core.randomness.samplers.discrete_laplace`
 TABLE_MAX_SCALE = 1 << 12
 
 
