@@ -309,8 +309,10 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     cum = np.concatenate(([0], np.cumsum(counts)))
     n = cum[bounds[1:]] - cum[bounds[:-1]]  # private: used inside the mechanisms only
     if mechanism == "auto":
-        names, mech_eps, n_used = _auto_names(n, m, eps, relation, share, source, grid,
-                                              granularity)
+        # auto's noisy counts and choices for all groups in one array draw
+        names, mech_eps, n_used = plan_auto_many(m, n, epsilon=eps, neighboring=relation,
+                                                 source=source, count_share=share,
+                                                 grid_size=grid.size, granularity=granularity)
     else:
         names, mech_eps, n_used = [mechanism] * G, eps, None
     values = np.empty((G, m), dtype=np.float64)
@@ -581,16 +583,6 @@ def _check_groups(groups, keep_integers=False):
                           "groups' counts")
     bounds = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64)))).astype(np.int64)
     return x, counts, bounds
-
-
-def _auto_names(n, m, eps, relation, share, source, grid: Grid, granularity):
-    """``auto``'s choice for every group (one noisy count each, one array draw) and its epsilon:
-    :func:`~dpq_spark.core.quantiles.choose.plan_auto_many` with the public grid's size and
-    declared step."""
-    names, rest, n_used = plan_auto_many(m, n, epsilon=eps, neighboring=relation, source=source,
-                                         count_share=share, grid_size=grid.size,
-                                         granularity=granularity)
-    return names, rest, n_used
 
 
 # --------------------------------------------------------------------------------------------
