@@ -2,8 +2,8 @@
 
 The codes are int64s, ``gid * 2**33 + k`` with bounds (``k`` the index on the core's default
 grid) or ``gid * resolution + bucket`` without; :class:`CodeCounter` counts them exactly,
-:class:`Fold` also spills to a temporary file past its budget and keeps coarse counts. Imports
-numpy only.
+:class:`Fold` also goes to a temporary file past its budget (sorted runs, or a spill with coarse
+counts). Imports numpy only.
 """
 
 from __future__ import annotations
@@ -141,9 +141,11 @@ def count_runs(codes):
 class Fold:
     """One partition's rows as counts per (group, grid index), in bounded memory.
 
-    Codes are ``gid * 2**33 + k`` (``k`` the index on the default grid, at most ``2**32``).
-    While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
-    it the fold either *spills* to coarse counts, if that saves memory (the distinct (group,
+    Codes are ``gid * span + index``: with bounds ``span = 2**33`` and ``index = k``, the
+    index on the core's grid (at most ``2**32``); without bounds ``span`` is the bucket grid's
+    size and ``index`` a bucket, and the fold never spills to coarse counts (``shrink = 0``:
+    past its budget it writes sorted runs). While the partition's distinct codes stay within
+    ``budget`` they are counted exactly. Past it the fold either *spills* to coarse counts, if that saves memory (the distinct (group,
     coarse cell ``k >> 12``) codes are at most ``shrink`` times the distinct codes: a few
     groups with many rows each), or writes *sorted runs*: its distinct codes and counts go to a
     temporary file as one sorted run, memory is emptied, and every later time the budget is
@@ -168,9 +170,15 @@ class Fold:
     SHIFT = 33  # bits of k in a code
     _COARSE_SHIFT = 21  # bits of the coarse cell in a coarse code
 
-    def __init__(self, budget: int, shrink: float = SPILL_SHRINK):
+    def __init__(self, budget: int, shrink: float = SPILL_SHRINK, span: int = 1 << SHIFT):
         self.budget = int(budget)
         self.shrink = float(shrink)
+        self.span = int(span)  # code = gid * span + index
+        power = self.span & (self.span - 1) == 0
+        self._shift = self.span.bit_length() - 1 if power else None
+        if self.shrink > 0 and self.span != 1 << self.SHIFT:
+            raise ValueError("Fold: coarse spills need codes gid * 2**33 + k (span 2**33); "
+                             "give shrink=0 for any other span")
         self.fine = CodeCounter()
         self.coarse: CodeCounter | None = None
         self._spill = None
@@ -224,12 +232,13 @@ class Fold:
         if final and self._runs:
             return
         if not self._runs:
-            coarse = self.coarse_code(self.fine.codes)  # sorted, as the fine codes are
-            distinct = 1 + int(np.count_nonzero(coarse[1:] != coarse[:-1]))  # fine codes: >= 1
-            del coarse
-            if distinct <= self.shrink * self.fine.codes.size:
-                self._start_spill()
-                return
+            if self.shrink > 0:
+                coarse = self.coarse_code(self.fine.codes)  # sorted, as the fine codes are
+                distinct = 1 + int(np.count_nonzero(coarse[1:] != coarse[:-1]))  # >= 1
+                del coarse
+                if distinct <= self.shrink * self.fine.codes.size:
+                    self._start_spill()
+                    return
             if final:
                 return
             self._run_file = tempfile.TemporaryFile(prefix="dpq_runs_")
@@ -279,8 +288,8 @@ class Fold:
         pending, held = [], 0
         while bufs:
             live = [b for b in bufs if b[2] is not None]
-            limit = min(int(b[0][-1]) >> self.SHIFT for b in live) if live else None
-            cut = None if limit is None else limit << self.SHIFT
+            limit = min(self.gid_of(int(b[0][-1])) for b in live) if live else None
+            cut = None if limit is None else limit * self.span
             done = []
             for b in bufs:
                 i = b[0].size if cut is None else int(np.searchsorted(b[0], cut))
@@ -311,7 +320,7 @@ class Fold:
         last cut as a ``(codes, counts)`` piece (fewer codes than the budget, maybe none)."""
         codes = np.concatenate([c for c, _ in parts])
         counts = np.concatenate([w for _, w in parts])
-        gid = codes >> self.SHIFT
+        gid = self.gid_of(codes)
         out, at = [], 0
         while codes.size - at >= self.budget:
             # the first group boundary at or after `budget` codes from `at`
@@ -323,7 +332,7 @@ class Fold:
     def _refill(self, b, limit) -> None:
         """Read a run's next chunks into its buffer ``b`` while the buffer is empty or ends in
         gid ``limit``, or until the run is read to its end (``b[2]`` set to None)."""
-        while b[2] is not None and (b[0].size == 0 or int(b[0][-1]) >> self.SHIFT == limit):
+        while b[2] is not None and (b[0].size == 0 or self.gid_of(int(b[0][-1])) == limit):
             got = next(b[2], None)
             if got is None:
                 b[2] = None
@@ -335,7 +344,7 @@ class Fold:
 
     def _slice(self, codes, counts) -> "Fold":
         """An unspilled fold holding these whole groups' sorted distinct codes and counts."""
-        part = Fold(self.budget, self.shrink)
+        part = Fold(self.budget, self.shrink, self.span)
         part.fine.codes, part.fine.counts = codes, counts
         return part
 
@@ -395,11 +404,16 @@ class Fold:
         code shifted right by 12 bits (monotone, so sorted codes give sorted coarse codes)."""
         return codes >> COARSE_SHIFT
 
+    def gid_of(self, codes):
+        """The gid of each code (an int or an int64 array): ``codes // span``."""
+        return codes >> self._shift if self._shift is not None else codes // self.span
+
     def groups(self):
         """Sorted gids and, per gid, ``(a, b)`` slices into :meth:`arrays`."""
-        codes, shift = (self.fine.codes, self.SHIFT) if self._spill is None else (
-            self.coarse.codes, self._COARSE_SHIFT)
-        gid = codes >> shift
+        if self._spill is None:
+            gid = self.gid_of(self.fine.codes)
+        else:
+            gid = self.coarse.codes >> self._COARSE_SHIFT
         starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]]) if gid.size else np.zeros(0, int)
         ends = np.r_[starts[1:], gid.size].astype(np.int64)
         return gid[starts], starts, ends
@@ -408,7 +422,7 @@ class Fold:
         """``(index, counts)``: fine grid indices when not spilled, else coarse cells."""
         if self._spill is None:
             codes = self.fine.codes
-            return codes - ((codes >> self.SHIFT) << self.SHIFT), self.fine.counts
+            return codes - self.gid_of(codes) * self.span, self.fine.counts
         codes = self.coarse.codes
         return codes - ((codes >> self._COARSE_SHIFT) << self._COARSE_SHIFT), self.coarse.counts
 

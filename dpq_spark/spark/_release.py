@@ -54,7 +54,7 @@ from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
 from dpq_spark.spark._buckets import bucket_values
 from dpq_spark.spark._columns import CELL, COUNT, GID, KEY_HASH, MECHANISM, UNITS
 from dpq_spark.spark._heap import trim_heap
-from dpq_spark.spark._fold import FOLD_BUDGET, SPILL_SHRINK, CodeCounter, Fold, reduce_sorted
+from dpq_spark.spark._fold import FOLD_BUDGET, SPILL_SHRINK, Fold, reduce_sorted
 from dpq_spark.spark._mechanisms import get_mechanism
 from dpq_spark.spark._packing import unpacked
 
@@ -482,34 +482,49 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
 
 
 def new_fold(params: ReleaseParams) -> Fold:
-    """A partition's :class:`Fold`. On a declared grid it never spills to coarse counts: there
-    every mechanism reads each group's whole grid data (:func:`band_keep` keeps every cell), so
-    a spill would bring all of the partition's counts back at once; past its budget the fold
-    writes sorted runs instead, and its groups are released a slice at a time."""
+    """A partition's :class:`Fold`. With bounds its codes are ``gid * 2**33 + k``; without,
+    ``gid * resolution + bucket``. It spills to coarse counts only on the default grid with
+    bounds: on a declared grid every mechanism reads each group's whole grid data
+    (:func:`band_keep` keeps every cell), and without bounds the bounds' search reads each
+    group's buckets, so a spill would bring all of the partition's counts back at once; past
+    its budget the fold writes sorted runs instead, and its groups are released a slice at a
+    time."""
+    if params.bounds_free:
+        return Fold(params.fold_budget, 0.0, span=params.resolution)
     return Fold(params.fold_budget, params.spill_shrink if params.granularity is None else 0.0)
 
 
 def _with_fold(body, batches, params: ReleaseParams):
-    """Run a partition body with its sink: a :class:`Fold` with bounds (its spill file deleted
-    when the body ends, also when the task fails), else a :class:`CodeCounter` of (group, bucket)
-    codes. When the body ends the freed memory goes back to the OS (:func:`trim_heap`)."""
-    sink = CodeCounter() if params.bounds_free else new_fold(params)
+    """Run a partition body with its :class:`Fold` (its files deleted when the body ends, also
+    when the task fails). When the body ends the freed memory goes back to the OS
+    (:func:`trim_heap`)."""
+    sink = new_fold(params)
     try:
         yield from body(batches, params, sink)
     finally:
-        if isinstance(sink, Fold):
-            sink.close()
+        sink.close()
         del sink
         trim_heap()  # the worker is reused: its next task starts from a small resident set
 
 
-def _release_sink(sink, params: ReleaseParams, units_of, hash_of):
-    """Release every group a finished partition put in ``sink``: ``(gid, values, name)`` in gid
+def _release_sink(fold: Fold, params: ReleaseParams, units_of, hash_of):
+    """Release every group a finished partition put in ``fold``: ``(gid, values, name)`` in gid
     order, as an iterable."""
-    if isinstance(sink, Fold):
-        sink.finish()
-        return _release_fold(sink, params, units_of, hash_of)
-    return _release_buckets(sink, params, units_of, hash_of)
+    fold.finish()
+    if not params.bounds_free:
+        return _release_fold(fold, params, units_of, hash_of)
+    return _release_slices(fold, params, units_of, hash_of)
+
+
+def _release_slices(fold: Fold, params: ReleaseParams, units_of, hash_of):
+    """Bounds-free: release the fold's groups a slice of whole groups at a time
+    (:meth:`Fold.slices`), each by :func:`_release_buckets`."""
+    slices = fold.slices()
+    while (part := next(slices, None)) is not None:
+        codes, counts = part.fine.codes, part.fine.counts
+        del part  # the slice's arrays are freed as soon as its groups are released
+        yield from _release_buckets(codes, counts, params, units_of, hash_of)
+        del codes, counts
 
 
 def release_partition(batches, params: ReleaseParams):
@@ -523,9 +538,10 @@ def release_partition(batches, params: ReleaseParams):
     resolution + bucket without bounds. The output carries ``GID`` instead of the key columns
     (the driver maps it back to the key). With bounds the rows go through a :class:`Fold`
     (exact counts per distinct grid index within ``params.fold_budget`` pairs, else a spill file
-    and coarse counts; see :mod:`dpq_spark.core.quantiles.coarse_bands` for why the release is unchanged
-    to within total variation 2**-59); without bounds they are counted per (group, bucket), at
-    most ``BUCKETS`` per group.
+    and coarse counts, or sorted runs; see :mod:`dpq_spark.core.quantiles.coarse_bands` for why
+    the release is unchanged to within total variation 2**-59); without bounds they are counted
+    per (group, bucket), at most ``BUCKETS`` per group, in the same fold (past its budget it
+    writes sorted runs, never coarse counts).
     """
     yield from _with_fold(_release_partition, batches, params)
 
@@ -558,15 +574,14 @@ def _release_partition(batches, params: ReleaseParams, sink):
             names=[GID, "value", MECHANISM])
 
 
-def _release_buckets(counter: CodeCounter, params: ReleaseParams, units_of, hash_of):
-    """Bounds-free path: release each group from its (bucket, count) pairs, each as
+def _release_buckets(codes, counts, params: ReleaseParams, units_of, hash_of):
+    """Bounds-free path: release each group of sorted distinct ``gid * resolution + bucket``
+    codes and their counts from its (bucket, count) pairs, each as
     :func:`release_values` releases it; with production randomness and public keys, by
     :func:`~dpq_spark.core.quantiles.batch_private_bounds.release_many_private_bounds` (the
     JointExp draws of many groups together). Yields ``(gid, values, name)`` as the groups are
-    released, so that only the groups of the current chunk are held, not the partition's."""
+    released, so that only the groups of the current chunk are held, not the slice's."""
     span = params.resolution
-    counter.compact()
-    codes, counts = counter.codes, counter.counts
     if codes.size == 0:
         return
     group_of = codes // span
@@ -618,7 +633,8 @@ def release_keyed_partition(batches, params: ReleaseParams):
     bucket without) and, with a privacy unit, ``UNITS``. Keys are numbered with
     :class:`dpq_spark.spark._keys.KeyIndex` (pyarrow, never pandas: null and NaN are distinct
     keys, int64 keys stay exact), and the rows go through the same :class:`Fold` as the
-    public-key path (``local gid * 2**33 + k``; without bounds a counter per (gid, bucket)).
+    public-key path (``local gid * 2**33 + k``; without bounds ``local gid * resolution +
+    bucket``).
     Each group is released or dropped by the partition-selection threshold; the output batches
     carry the key columns as the same Arrow arrays the keys came in, ``quantile``, ``value`` and
     ``MECHANISM``.
@@ -630,7 +646,7 @@ def _release_keyed(batches, params: ReleaseParams, sink):
     from dpq_spark.spark._keys import KeyIndex, key_seed
 
     index = KeyIndex(params.keys)
-    span = (1 << Fold.SHIFT) if isinstance(sink, Fold) else params.resolution  # gid * span + index
+    span = sink.span  # code = gid * span + index
     with_units = UNITS in params.extra_columns
     units = np.zeros(0, dtype=np.int64)
     for batch in batches:
