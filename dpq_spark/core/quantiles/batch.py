@@ -124,7 +124,8 @@ from dpq_spark.core.quantiles.sized_tree import SIZED_TREES
 from dpq_spark.core.accounting.neighboring import NeighboringRelation, joint_exp_sensitivity, single_quantile_sensitivity
 from dpq_spark.core.quantiles.single_quantile import GridCells
 
-__all__ = ["release_many", "BatchRelease", "FlatGroups", "BATCH_MECHANISMS", "ENUMERATE_MAX"]
+__all__ = ["release_many", "joint_exp_index_grids", "BatchRelease", "FlatGroups",
+           "BATCH_MECHANISMS", "ENUMERATE_MAX"]
 
 #: The mechanisms :func:`release_many` runs (``"auto"`` picks among the others).
 BATCH_MECHANISMS = ("auto", "joint_exp", "ind_exp", "approx_quantiles", "agg_tree", "histogram",
@@ -383,6 +384,52 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
     return BatchRelease(values, names)
 
 
+def joint_exp_index_grids(groups, steps, quantiles, *, epsilon, neighboring,
+                          source) -> np.ndarray:
+    """JointExp for many groups, each on its own declared index grid ``Grid(0, N_g, 1)``.
+
+    ``groups`` (a :class:`FlatGroups`) holds each group's grid indices, integers in ``[0,
+    N_g]`` with their counts; ``steps`` holds the ``N_g`` (one per group), whose grids must all
+    have the same jitter (``Grid.jitter``: 2**16 up to 2**36 steps), more than 1. Returns
+    the released grid indices, shape ``(G, m)``, int64: each group's row has the law that
+    :func:`release_many` gives it alone (``lower=0``, ``upper=N_g``, ``granularity=1``,
+    ``grid_indices=True``, ``mechanism="joint_exp"``), and one group draws the very numbers it
+    draws for the same source: the same jitter of each row, then the same JointExp on the
+    fine grid of ``N_g J + 1`` points, rounded back. For several groups the steps run for all
+    of them at once (groups are independent given their data, so no group's law changes).
+    Nothing here is validated beyond the grids' jitter: the caller's values are already
+    checked (the private bounds' search and its snap).
+
+    Privacy: as :func:`release_many` for each group on its own data: ``epsilon``-DP under
+    ``neighboring`` with one row (one unit of a group's counts) as the unit, and by parallel
+    composition for the batch of disjoint groups.
+    """
+    q = np.asarray(quantiles, dtype=np.float64)
+    relation = NeighboringRelation.parse(neighboring)
+    k = np.asarray(groups.values, dtype=np.int64)
+    counts = np.asarray(groups.counts, dtype=np.int64)
+    bounds = np.asarray(groups.bounds, dtype=np.int64)
+    steps = np.asarray(steps, dtype=np.int64)
+    grids = {s: Grid(0.0, float(s), 1.0) for s in np.unique(steps).tolist()}
+    jitters = {grid.jitter for grid in grids.values()}
+    if len(jitters) != 1 or jitters == {1} or steps.size != bounds.size - 1:
+        raise DPQValueError("joint_exp_index_grids: grids of one jitter (> 1), one per group")
+    grid = next(iter(grids.values()))
+    jitter = grid.jitter
+    cum = np.concatenate(([0], np.cumsum(counts)))
+    n = cum[bounds[1:]] - cum[bounds[:-1]]
+    out = np.empty((steps.size, q.size), dtype=np.int64)
+    members = np.arange(steps.size, dtype=np.int64)
+    for chunk in _chunks(n, members, _JITTER_ROWS):  # as release_many: rows jittered at a time
+        top = steps[chunk]
+        f, f_counts, f_bounds = _jittered(k, counts, bounds, chunk, grid, source, steps=top)
+        fine = _joint_exps(f, f_counts, f_bounds, np.arange(chunk.size), q, epsilon, relation,
+                           top * jitter + 1, source)  # each grid's fine_size
+        # each grid's round_indices: the cell of every fine index, within [0, N_g]
+        out[chunk] = np.clip((fine + jitter // 2) // jitter, 0, top[:, None])
+    return out
+
+
 def _sizes(bounds, members) -> np.ndarray:
     """The number of entries of each group of ``members``."""
     return bounds[members + 1] - bounds[members]
@@ -415,16 +462,18 @@ def _spread(k, counts, bounds, members, grid: Grid, source):
     return spread_groups(k[rows], counts[rows], local, grid.steps, COARSE_SHIFT, source)
 
 
-def _jittered(k, counts, bounds, members, grid: Grid, source):
+def _jittered(k, counts, bounds, members, grid: Grid, source, steps=None):
     """The groups ``members``' grid indices jittered inside their cells, one independent draw per
     row (:func:`~dpq_spark.core.randomness.grid.jitter_indices`, as the core mechanisms do with a
     declared ``granularity``): ``(fine indices, counts, bounds)`` of the same groups in the same
     order (group ``i`` of the result is ``members[i]``), each group's fine indices sorted and
-    distinct with their multiplicities."""
+    distinct with their multiplicities. ``steps`` (one per member, optional): each group's own
+    number of grid steps, for grids of different sizes with ``grid``'s jitter."""
     local, rows = _member_rows(bounds, members)
     c = counts[rows].astype(np.int64)
     k = k[rows].astype(np.int64)
-    f = jitter_indices(k, c, grid.jitter, grid, source)
+    f = jitter_indices(k, c, grid.jitter, grid, source,
+                       None if steps is None else np.asarray(steps, dtype=np.int64)[local])
     if not _in_group_order(k, local):
         return _by_group(f, np.ones(f.size, dtype=np.int64), np.repeat(local, c), members.size)
     # A group's sorted distinct indices (a fold's) have disjoint cells, in order, so only the
@@ -634,7 +683,8 @@ def _enumerable(m: int) -> int:
 
 
 def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> np.ndarray:
-    """JointExp grid indices for the groups ``members`` (shape ``(len(members), m)``).
+    """JointExp grid indices for the groups ``members`` (shape ``(len(members), m)``), on grids
+    of ``size`` points (one number, or one per member).
 
     Groups with few enough cells to enumerate are drawn together: their cells (those of
     :func:`~dpq_spark.core.quantiles.joint_exp._grid_cells`, computed on padded arrays), the log-weights of
@@ -648,16 +698,17 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
     """
     m, G = q.size, members.size
     c = eps / (2.0 * joint_exp_sensitivity(q, relation))
+    sizes = np.broadcast_to(np.asarray(size, dtype=np.int64), (G,))  # each member's grid size
     out = np.empty((G, m), dtype=np.int64)
     # a group with more rows than the cells that can be enumerated: its own cells, below
     pick, pts, mul, d, slow = _distinct_rows(k, counts, bounds, members, _enumerable(m))
     if pick.size:
-        done, draws = _enumerate_cells(pts, mul, d, q, c, size, source)
+        done, draws = _enumerate_cells(pts, mul, d, q, c, sizes[pick], source)
         slow = np.sort(np.concatenate([slow, pick[~done]]))
         out[pick[done]] = draws
     many, cells_list, lo_list, hi_list, held = [], [], [], [], 0
     enumerable = _enumerable(m)
-    for chunk, cells_of, band_of in _slow_cells(k, counts, bounds, members, slow, q, c, size):
+    for chunk, cells_of, band_of in _slow_cells(k, counts, bounds, members, slow, q, c, sizes):
         for i, g in enumerate(chunk.tolist()):
             cells = cells_of(i)
             if cells[1].size <= enumerable:  # C(K + m - 1, m) <= ENUMERATE_MAX
@@ -670,11 +721,11 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
             hi_list.append(hi_g)
             held += cells[1].size
             if held >= CELLS_HELD:  # sample these before building more (groups are independent)
-                out[many] = _joint_many(cells_list, q, c, size, source,
+                out[many] = _joint_many(cells_list, q, c, sizes[many], source,
                                         bands=(np.stack(lo_list), np.stack(hi_list)))
                 many, cells_list, lo_list, hi_list, held = [], [], [], [], 0
     if many:
-        out[many] = _joint_many(cells_list, q, c, size, source,
+        out[many] = _joint_many(cells_list, q, c, sizes[many], source,
                                 bands=(np.stack(lo_list), np.stack(hi_list)))
     return out
 
@@ -686,8 +737,9 @@ _CELL_GROUPS = 2048
 _CELL_ROWS = 1 << 18
 
 
-def _slow_cells(k, counts, bounds, members, slow, q, c, size):
-    """The JointExp cells and bands of the groups ``members[slow]`` (in that order), chunk by
+def _slow_cells(k, counts, bounds, members, slow, q, c, grid_sizes):
+    """The JointExp cells and bands of the groups ``members[slow]`` (in that order), on grids of
+    ``grid_sizes`` points (one per member), chunk by
     chunk: yields ``(chunk, cells_of, band_of)``, ``chunk`` the positions (into ``members``) of
     a run of them, ``cells_of(i)`` the :func:`~dpq_spark.core.quantiles.joint_exp._grid_cells`
     tuple of the chunk's i-th group (views into flat arrays built for the whole chunk by
@@ -712,22 +764,22 @@ def _slow_cells(k, counts, bounds, members, slow, q, c, size):
         flat = chunk[live[a:b]]
         if flat.size:
             start, width, log_width, pos, n, coff = _flat_cells(k, counts, bounds, members[flat],
-                                                                size)
-            lo, hi = _flat_bands(start, width, log_width, pos, n, coff, q, c, size)
+                                                                grid_sizes[flat])
+            lo, hi = _flat_bands(start, width, log_width, pos, n, coff, q, c, grid_sizes[flat])
         where = np.cumsum(live[a:b]) - 1  # a live group's place among the chunk's live ones
 
         def cells_of(i, where=where, live=live[a:b], chunk=chunk):
             if not live[i]:
                 g = int(members[chunk[i]])
                 return _grid_cells(k[bounds[g]:bounds[g + 1]], counts[bounds[g]:bounds[g + 1]],
-                                   size)
+                                   int(grid_sizes[chunk[i]]))
             j = int(where[i])
             x, y = int(coff[j]), int(coff[j + 1])
             return start[x + j:y + j + 1], width[x:y], log_width[x:y], pos[x:y], int(n[j])
 
-        def band_of(i, where=where, live=live[a:b]):
+        def band_of(i, where=where, live=live[a:b], chunk=chunk):
             if not live[i]:
-                return _bands(*cells_of(i), q, c, size)
+                return _bands(*cells_of(i), q, c, int(grid_sizes[chunk[i]]))
             return lo[int(where[i])], hi[int(where[i])]
 
         yield chunk, cells_of, band_of
@@ -807,12 +859,13 @@ def _distinct_rows(k, counts, bounds, members, D):
 
 def _enumerate_cells(pts, mul, d, q, c, size, source):
     """Cells of groups with ``d`` distinct sorted points ``pts`` (padded rows, multiplicities
-    ``mul``) and, for those that can be enumerated, one JointExp draw each. Returns
-    ``(enumerated mask, draws of the enumerated rows)``."""
+    ``mul``) on grids of ``size`` points (one number, or one per row) and, for those that can
+    be enumerated, one JointExp draw each. Returns ``(enumerated mask, draws of the enumerated
+    rows)``."""
     G, D = pts.shape
     m = q.size
     widths, starts, poss, n = _padded_cells(pts, mul, d, np.zeros(G, dtype=np.int64),
-                                            np.full(G, size, dtype=np.int64))
+                                            np.broadcast_to(np.asarray(size, np.int64), (G,)))
     keep = widths > 0
     K = keep.sum(axis=1)
     ok = np.array([math.comb(int(x) + m - 1, m) <= ENUMERATE_MAX for x in range(2 * D + 2)])[K]
@@ -1126,11 +1179,13 @@ def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
 
 def _flat_cells(k, counts, bounds, members, size):
     """:func:`~dpq_spark.core.quantiles.joint_exp._grid_cells` of the groups ``members`` (each
-    with at least one positive count) in a few array operations over all of them.
+    with at least one positive count; grids of ``size`` points, one number or one per member)
+    in a few array operations over all of them.
 
     Returns ``(start, width, log_width, pos, n, coff)``: group g's cells are ``coff[g] :
     coff[g + 1]`` of ``width``, ``log_width`` and ``pos`` and its ``K + 1`` starts (the last one
-    ``size``) are ``coff[g] + g : coff[g + 1] + g + 1`` of ``start``; ``n`` is its number of rows.
+    its grid's size) are ``coff[g] + g : coff[g + 1] + g + 1`` of ``start``; ``n`` is its number
+    of rows.
     Every number is the one ``_grid_cells`` computes for the group alone (the same elementwise
     operations; tested bit for bit).
     """
@@ -1218,7 +1273,8 @@ def _search_in_groups(pos, coff, x, xg, side):
 
 def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     """:func:`~dpq_spark.core.quantiles.joint_exp._bands` of every group of :func:`_flat_cells`
-    at once: ``(lo, hi)`` of shape ``(G, m)``, local cell indices, the same integers as
+    (grids of ``size`` points, one number or one per group) at once: ``(lo, hi)`` of shape
+    ``(G, m)``, local cell indices, the same integers as
     ``_bands`` gives each group alone (the same float64 operations in the same order; sums
     over a group's m or m + 1 terms are row reductions of contiguous rows, which numpy adds as
     it adds the 1-d array; tested on many groups)."""
@@ -1247,8 +1303,12 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     keep_lo = np.where(better[:, None], box_lo, keep_lo)
     keep_hi = np.where(better[:, None], box_hi, keep_hi)
     j = np.arange(1, m + 1)
-    log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
-    slack = (log_volume[None, :] + math.log(size) + math.log(m) + _LOG_BAND_TOL
+    # per group, the numbers _bands computes with math.log on its own size
+    sizes, at = np.unique(np.broadcast_to(np.asarray(size, np.int64), (G,)), return_inverse=True)
+    log_sm = np.array([math.log(s + m) for s in sizes.tolist()])[at]
+    log_s = np.array([math.log(s) for s in sizes.tolist()])[at]
+    log_volume = (m - 1) * log_sm[:, None] - lgamma(j)[None, :] - lgamma(m - j + 1)[None, :]
+    slack = (log_volume + log_s[:, None] + math.log(m) + _LOG_BAND_TOL
              - log_z_low[:, None])
     half = np.maximum(slack, 0.0) / (2.0 * c)
     lo = _search_in_groups(pos, coff, cum_target - half, rows, "left")

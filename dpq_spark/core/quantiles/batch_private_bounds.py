@@ -23,7 +23,9 @@ steps and the same tie split. ``release_many`` on ``Grid(0, 2**32)``, whose poin
 number k, therefore draws index k with the law the core's ``joint_exp`` draws it on
 ``Grid(lower, upper)``; the group's release is ``Grid(lower, upper).value(k)``. A declared grid
 (``granularity``) of N steps, jittered as the core jitters it (the jitter depends on N only),
-is drawn the same way on ``Grid(0, N, 1)`` with the groups of the same N. Groups are
+is drawn the same way on ``Grid(0, N, 1)``: the groups whose grids share a jitter (2**16 for
+every N up to 2**36) together, each with its own N
+(:func:`~dpq_spark.core.quantiles.batch.joint_exp_index_grids`). Groups are
 independent given their data, so drawing each step for all groups before the next, in one call,
 changes no group's law (for several groups the draws are not those of the per-group path for
 the same seed).
@@ -34,7 +36,12 @@ from __future__ import annotations
 import numpy as np
 
 from dpq_spark.core.quantiles._pure import get_base_mechanism
-from dpq_spark.core.quantiles.batch import BatchRelease, FlatGroups, release_many
+from dpq_spark.core.quantiles.batch import (
+    BatchRelease,
+    FlatGroups,
+    joint_exp_index_grids,
+    release_many,
+)
 from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, UNIT, bounds_gate, search_bounds
 from dpq_spark.core.quantiles.choose import plan_auto_many
 from dpq_spark.core.randomness.grid import Grid
@@ -73,8 +80,8 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
     granularity : float, optional
         The declared step of the data (validated), as the core mechanisms take it: each group's
         grid is then ``Grid(lower, upper, granularity)`` on its own bounds, whose points are
-        indexed alike whenever they number alike (the set-aside groups are drawn by number of
-        grid steps, on ``Grid(0, N, 1)``).
+        indexed alike whenever they number alike (the set-aside groups are drawn on their own
+        ``Grid(0, N, 1)``, together whatever their N).
     source : RandomSource
         The randomness (production: the OS generator).
 
@@ -139,35 +146,48 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
 
 
 class _Held:
-    """JointExp groups set aside with their grids: ``add`` one, ``draw`` them all (one
-    ``release_many`` per epsilon and number of grid steps, on ``Grid(0, N)`` or, declared,
-    ``Grid(0, N, 1)``) into ``values``."""
+    """JointExp groups set aside with their grids: ``add`` one, ``draw`` them all into
+    ``values``: the default grids (2**32 steps each) by one ``release_many`` per epsilon on
+    ``Grid(0, 2**32)``; declared grids by one
+    :func:`~dpq_spark.core.quantiles.batch.joint_exp_index_grids` per epsilon and jitter (each
+    group on its own ``Grid(0, N, 1)``), or by one ``release_many`` per epsilon and N on
+    ``Grid(0, N, 1)`` for the grids too large to jitter."""
 
     def __init__(self, q, relation, source, values, declared: bool):
         self.q, self.relation, self.source, self.values = q, relation, source, values
+        self.declared = declared
         self.index = {"granularity": 1.0} if declared else {}  # the index grid's step: 1
-        self.groups: dict[tuple, list] = {}  # (epsilon, grid steps) -> held groups
+        # (epsilon, grid steps, None) or, declared grids drawn together, (epsilon, None, jitter)
+        self.groups: dict[tuple, list] = {}
         self.entries = 0
 
     def add(self, g: int, grid: Grid, v, c, epsilon: float) -> None:
         k = grid.snap(v).astype(np.int64)  # sorted as v is; values clamped to a bound tie
         at = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
         k, c = (k, c) if at.size == k.size else (k[at], np.add.reduceat(c, at))
-        # (every default grid has 2**32 steps, so they all share one batch)
-        self.groups.setdefault((epsilon, grid.steps), []).append((g, grid, k, c))
+        if self.declared and grid.jitter > 1:
+            key = (epsilon, None, grid.jitter)  # grids of any size, one jitter
+        else:
+            key = (epsilon, grid.steps, None)  # every default grid has 2**32 steps
+        self.groups.setdefault(key, []).append((g, grid, k, c))
         self.entries += k.size
         if self.entries >= _HELD_ENTRIES:
             self.draw()
 
     def draw(self) -> None:
-        for (epsilon, steps), held in self.groups.items():
+        for (epsilon, steps, _), held in self.groups.items():
             sizes = [k.size for _, _, k, _ in held]
             flat = FlatGroups(np.concatenate([k for _, _, k, _ in held]).astype(np.int64),
                               np.concatenate([c for _, _, _, c in held]).astype(np.int64),
                               np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
-            k = release_many(flat, self.q, epsilon=epsilon, lower=0.0, upper=float(steps),
-                             neighboring=self.relation, mechanism="joint_exp",
-                             grid_indices=True, rng=self.source, **self.index).values
+            if steps is None:
+                k = joint_exp_index_grids(flat, [grid.steps for _, grid, _, _ in held], self.q,
+                                          epsilon=epsilon, neighboring=self.relation,
+                                          source=self.source)
+            else:
+                k = release_many(flat, self.q, epsilon=epsilon, lower=0.0, upper=float(steps),
+                                 neighboring=self.relation, mechanism="joint_exp",
+                                 grid_indices=True, rng=self.source, **self.index).values
             for (g, grid, _, _), row in zip(held, k):
                 self.values[g] = grid.value(row.astype(np.int64))
         self.groups.clear()

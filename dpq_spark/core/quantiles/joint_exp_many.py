@@ -386,14 +386,14 @@ def _sample_many(cells_list, q, c, size, source, rows=None, bands=None) -> np.nd
     Parameters
     ----------
     cells_list : sequence of tuple
-        Each group's ``_grid_cells(idx, counts, size)``; all groups share ``q``, ``c`` and the
-        grid ``size`` (their numbers of rows differ).
+        Each group's ``_grid_cells(idx, counts, size)``; all groups share ``q`` and ``c``
+        (their numbers of rows differ).
     q : numpy.ndarray
         The m validated quantiles.
     c : float
         ``epsilon / (2 Delta)``.
-    size : int
-        The number of grid points.
+    size : int or numpy.ndarray
+        The number of grid points: one for all groups, or one per group.
     source : RandomSource
         The randomness (exact integer draws only).
     rows : numpy.ndarray of int, optional
@@ -437,7 +437,7 @@ def _sample_many(cells_list, q, c, size, source, rows=None, bands=None) -> np.nd
         lo = np.empty((G, m), dtype=np.int64)
         hi = np.empty((G, m), dtype=np.int64)
         for g, cells in enumerate(cells_list):
-            lo[g], hi[g] = _bands(*cells, q, c, size)
+            lo[g], hi[g] = _bands(*cells, q, c, size if np.ndim(size) == 0 else int(size[g]))
     # The forward tables hold every band cell of every step: batches of at most _BATCH_CELLS of
     # them (a group with more is a batch alone), one after the other. Groups are independent,
     # so this changes no group's distribution.

@@ -292,23 +292,26 @@ def split_entries(k, counts, bits: int, source, whole=None):
     return f, np.concatenate([w, counts[kept]]), src
 
 
-def jitter_indices(k, counts, jitter: int, grid: Grid, source) -> np.ndarray:
+def jitter_indices(k, counts, jitter: int, grid: Grid, source, steps=None) -> np.ndarray:
     """Move each record's grid index to a uniform fine index inside its own cell.
 
     Record with index k goes to a uniform integer of ``[k S - S/2, k S + S/2)`` intersected
-    with ``[0, N S]`` (``S = jitter``, even, or 1 for no jitter; ``N = grid.steps``), drawn
-    exactly and independently per record. With ``counts``, each of the ``counts[i]`` copies of
-    ``k[i]`` gets its own draw: the result has ``sum(counts)`` entries, so this costs
-    O(sum of counts) time and memory. Per-record and independent, it costs no privacy (module
-    docstring). Returns int64 fine indices in ``[0, N S]``.
+    with ``[0, N S]`` (``S = jitter``, even, or 1 for no jitter; ``N = grid.steps``, or
+    ``steps``, one per entry of ``k``, for records of grids of different sizes and the same
+    jitter), drawn exactly and independently per record. With ``counts``, each of the
+    ``counts[i]`` copies of ``k[i]`` gets its own draw: the result has ``sum(counts)`` entries,
+    so this costs O(sum of counts) time and memory. Per-record and independent, it costs no
+    privacy (module docstring). Returns int64 fine indices in ``[0, N S]``.
     """
     k = np.asarray(k, dtype=np.int64)
     if counts is not None:
         k = np.repeat(k, np.asarray(counts, dtype=np.int64))
+        if steps is not None:
+            steps = np.repeat(np.asarray(steps, dtype=np.int64), np.asarray(counts, np.int64))
     if jitter == 1:
         return k.copy()
     half = jitter // 2
-    top = grid.steps * jitter
+    top = (grid.steps if steps is None else np.asarray(steps, dtype=np.int64)) * jitter
     lo = np.maximum(k * jitter - half, 0)
     hi = np.minimum(k * jitter + half - 1, top)  # inclusive
     return lo + source.below_array(hi - lo + 1)

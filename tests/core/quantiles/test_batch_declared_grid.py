@@ -181,3 +181,69 @@ def test_chunks_of_jittered_rows_keep_each_groups_law(monkeypatch):
     for i, group in enumerate(GROUPS[:2]):
         assert _pvalue(out[i], _core("joint_exp", group, 1.0, seed=20 + i)) > ALPHA, i
     assert _pvalue(out[0], _core("joint_exp", GROUPS[0], 2.0, seed=30)) < ALPHA
+
+
+# --------------------------------------------------------------------------------------------
+# joint_exp_index_grids: groups on declared index grids of different sizes, drawn together
+
+def _index_groups(groups):
+    return FlatGroups(np.concatenate([k for k, _ in groups]).astype(np.int64),
+                      np.concatenate([c for _, c in groups]).astype(np.int64),
+                      np.cumsum([0] + [len(k) for k, _ in groups]))
+
+
+@pytest.mark.parametrize("rows, steps, relation", [
+    (3, 5, "add_remove"), (40, 60, "swap"), (900, 2000, "add_remove"), (5000, 40_000, "swap")])
+def test_index_grids_draw_one_group_as_release_many_draws_it(rows, steps, relation):
+    """One group: the same jitter, the same JointExp on the fine grid and the same rounding as
+    release_many on ``Grid(0, N, 1)``, seed for seed (few rows: the enumerated path; many: the
+    batched sampler)."""
+    from dpq_spark.core.quantiles.batch import joint_exp_index_grids
+    from dpq_spark.core.randomness.source import resolve_rng
+
+    q = np.arange(1, 10) / 10
+    for seed in range(3):
+        k, c = np.unique(np.random.default_rng(seed).integers(0, steps + 1, rows),
+                         return_counts=True)
+        flat = _index_groups([(k, c)])
+        want = release_many(flat, q, epsilon=1.0, lower=0.0, upper=float(steps),
+                            neighboring=relation, mechanism="joint_exp", granularity=1.0,
+                            grid_indices=True, rng=np.random.default_rng(seed + 5)).values
+        got = joint_exp_index_grids(flat, [steps], q, epsilon=1.0, neighboring=relation,
+                                    source=resolve_rng(np.random.default_rng(seed + 5)))
+        np.testing.assert_array_equal(got, want)
+
+
+# tied integer data on index grids of 5, 9 and 13 steps: the last gap, up to N, is a large part
+# of the 0.75 quantile's mass, so a group drawn on another group's grid has another law
+SIZED = [(np.array([1, 2]), np.array([2, 1]), 5), (np.array([2, 3, 5]), np.array([2, 1, 2]), 9),
+         (np.array([0, 4]), np.array([1, 3]), 13)]
+
+
+def _index_grids_batch(steps_of, seed):
+    from dpq_spark.core.quantiles.batch import joint_exp_index_grids
+    from dpq_spark.core.randomness.source import resolve_rng
+
+    flat = _index_groups([(k, c) for k, c, _ in SIZED] * DRAWS)
+    out = joint_exp_index_grids(flat, [steps_of(n) for _, _, n in SIZED] * DRAWS, Q3,
+                                epsilon=1.0, neighboring="add_remove",
+                                source=resolve_rng(np.random.default_rng(seed)))
+    return [out[i::len(SIZED)] for i in range(len(SIZED))]
+
+
+def test_index_grids_of_different_sizes_in_one_call_have_each_groups_law():
+    """Groups on grids of 5, 9 and 13 steps interleaved in one call: each group's outputs have
+    the law of the core's joint_exp on its own ``Grid(0, N, 1)`` (chi-square homogeneity), and
+    not the law of the batch that draws every group on the largest grid."""
+    batch = _index_grids_batch(lambda n: n, seed=4)
+    wrong = _index_grids_batch(lambda n: 13, seed=4)
+    for i, (k, c, steps) in enumerate(SIZED):
+        rng = np.random.default_rng(20 + i)
+        core = np.array([joint_exp(k.astype(float), Q3, epsilon=1.0, lower=0.0,
+                                   upper=float(steps), counts=c, granularity=1.0, rng=rng)
+                         for _ in range(DRAWS)])
+        out = batch[i]
+        assert np.all((out >= 0) & (out <= steps)) and np.all(np.diff(out, axis=1) >= 0)
+        assert _pvalue(out, core) > ALPHA, steps
+        if steps < 13:
+            assert _pvalue(wrong[i], core) < ALPHA, steps

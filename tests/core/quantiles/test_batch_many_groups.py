@@ -61,11 +61,11 @@ def _random_groups(gen, G, size):
 def test_flat_cells_and_bands_are_the_per_group_ones(seed):
     """Every group's cells (bit for bit, dtypes included) and bands (the same integers) equal
     what joint_exp._grid_cells and _bands give it alone, over assorted m, epsilon, sizes, ties
-    and zero counts."""
+    and zero counts, on one grid or, every other time, on grids of a size of their own."""
     gen = np.random.default_rng(seed)
     size = GRID.size
     checked = 0
-    for _ in range(8):
+    for t in range(8):
         G = int(gen.integers(1, 200))
         m = int(gen.choice([1, 2, 3, 9, 19, 99]))
         q = np.sort(gen.choice(np.arange(1, 1000), m, replace=False)) / 1000.0
@@ -76,16 +76,23 @@ def test_flat_cells_and_bands_are_the_per_group_ones(seed):
             continue
         bounds = np.concatenate(([0], np.cumsum([k.size for k in ks])))
         k, counts = np.concatenate(ks), np.concatenate(cs)
-        start, width, log_width, pos, n, coff = B._flat_cells(k, counts, bounds, live, size)
-        lo, hi = B._flat_bands(start, width, log_width, pos, n, coff, q, c, size)
+        if t % 2:  # each group's grid just above its largest index, or far above
+            sizes = np.array([int(kk.max(initial=0)) + 1 + int(gen.choice([0, 7, 10**6]))
+                              for kk in ks])
+        else:
+            sizes = np.full(G, size)
+        given = sizes[live] if t % 2 else size
+        start, width, log_width, pos, n, coff = B._flat_cells(k, counts, bounds, live, given)
+        lo, hi = B._flat_bands(start, width, log_width, pos, n, coff, q, c, given)
         for i, g in enumerate(live.tolist()):
-            alone = _grid_cells(ks[g], cs[g], size)
+            own = int(sizes[g])
+            alone = _grid_cells(ks[g], cs[g], own)
             a, b = int(coff[i]), int(coff[i + 1])
             flat = (start[a + i:b + i + 1], width[a:b], log_width[a:b], pos[a:b])
             for want, got in zip(alone[:4], flat):
                 assert want.dtype == got.dtype and np.array_equal(want, got)
             assert alone[4] == int(n[i])
-            want_lo, want_hi = _bands(*alone, q, c, size)
+            want_lo, want_hi = _bands(*alone, q, c, own)
             assert np.array_equal(want_lo, lo[i]) and np.array_equal(want_hi, hi[i])
             checked += 1
     assert checked > 300
@@ -96,10 +103,11 @@ def _per_group_cells(k, counts, bounds, members, slow, q, c, size):
     _sample_many (its own _bands loop)."""
     def cells_of(i):
         g = int(members[slow[i]])
-        return _grid_cells(k[bounds[g]:bounds[g + 1]], counts[bounds[g]:bounds[g + 1]], size)
+        return _grid_cells(k[bounds[g]:bounds[g + 1]], counts[bounds[g]:bounds[g + 1]],
+                           int(size[slow[i]]))
 
     def band_of(i):
-        return _bands(*cells_of(i), q, c, size)
+        return _bands(*cells_of(i), q, c, int(size[slow[i]]))
 
     yield slow, cells_of, band_of
 
