@@ -143,28 +143,34 @@ class Fold:
 
     Codes are ``gid * span + index``: with bounds ``span = 2**33`` and ``index = k``, the
     index on the core's grid (at most ``2**32``); without bounds ``span`` is the bucket grid's
-    size and ``index`` a bucket, and the fold never spills to coarse counts (``shrink = 0``:
-    past its budget it writes sorted runs). While the partition's distinct codes stay within
-    ``budget`` they are counted exactly. Past it the fold either *spills* to coarse counts, if that saves memory (the distinct (group,
-    coarse cell ``k >> 12``) codes are at most ``shrink`` times the distinct codes: a few
-    groups with many rows each), or writes *sorted runs*: its distinct codes and counts go to a
-    temporary file as one sorted run, memory is emptied, and every later time the budget is
-    reached another run follows (values spread over more cells than they fill, as many groups
-    of 1e2 to 1e4 rows: the coarse counts would be as many as the fine ones). A fold with runs
-    is read back by :meth:`slices`, a merge of the runs in code order, which yields the whole
-    groups a few at a time as unspilled folds of about ``budget`` codes, so the partition's
-    groups are released as they complete and memory stays about the budget and the merge's
-    read buffers whatever the number of groups (a single group with more distinct codes than
-    the budget is held whole). A spilled fold appends the codes to a temporary file
-    in the worker's temp directory (deleted by :meth:`close`) in chunks of up to
-    ``_COMPACT_ROWS`` rows, each stored as raw codes (8 bytes a row) or as distinct (code,
-    count) pairs when that is smaller, and memory keeps only counts per (group, coarse cell),
-    at most ``2**20 + 1`` per group whatever its number of rows.
-    :meth:`fine_counts` re-reads the file in chunks for the coarse cells asked for.
+    size and ``index`` a bucket.
+
+    While the partition's distinct codes stay within ``budget`` they are counted exactly. Past
+    it the fold does one of two things:
+
+    - it *spills* to coarse counts, if that saves memory: the distinct (group, coarse cell
+      ``k >> 12``) codes are at most ``shrink`` times the distinct codes (a few groups with
+      many rows each). Only with bounds on the default grid (``shrink > 0``). A spilled fold
+      appends the codes to a temporary file in the worker's temp directory (deleted by
+      :meth:`close`) in chunks of up to ``_COMPACT_ROWS`` rows, each stored as raw codes (8
+      bytes a row) or as distinct (code, count) pairs when that is smaller, and memory keeps
+      only counts per (group, coarse cell), at most ``2**20 + 1`` per group whatever its
+      number of rows. :meth:`fine_counts` re-reads the file in chunks for the coarse cells
+      asked for.
+    - otherwise it writes *sorted runs*: its distinct codes and counts go to a temporary file
+      as one sorted run, memory is emptied, and every later time the budget is reached another
+      run follows (values spread over more cells than they fill, as many groups of 1e2 to 1e4
+      rows: the coarse counts would be as many as the fine ones). A fold with runs is read back
+      by :meth:`slices`, a merge of the runs in code order, which yields the whole groups a few
+      at a time as unspilled folds of about ``budget`` codes, so the partition's groups are
+      released as they complete and memory stays about the budget and the merge's read
+      buffers whatever the number of groups (a single group with more distinct codes than the
+      budget is held whole).
 
     Spilled or not, each group's release has the same distribution to within total variation
-    2**-59 (:mod:`dpq_spark.core.quantiles.coarse_bands`); the choice depends on the data's spread, and
-    shows only in time and memory.
+    2**-59 (:mod:`dpq_spark.core.quantiles.coarse_bands`); the choice depends on the data's
+    spread, and shows only in time and memory. Runs change nothing: the merge gives the same
+    counts.
     """
 
     SHIFT = 33  # bits of k in a code
