@@ -1,7 +1,8 @@
 """Peak memory and time of one Python worker releasing one partition of many groups.
 
-Each case is G groups of R rows of N(0, 5) data (bounds [-100, 100], deciles, epsilon 1,
-add/remove, public keys), one partition holding every group. The rows are first packed as the
+Each case is G groups of R rows of N(0, 5) data (bounds [-100, 100], or with ``--no-bounds``
+none: each group buys private bounds on the log-scale buckets; deciles, epsilon 1, add/remove,
+public keys), one partition holding every group. The rows are first packed as the
 map side packs them (``dpq_spark.spark._packing.pack_partition``) and written to an Arrow IPC
 stream file (once per case, in a scratch directory). Then, in a fresh child process per
 measurement, so that its peak RSS is that case's alone, the child imports what a Spark worker
@@ -24,6 +25,7 @@ Run it under ``nice`` on a shared machine:
     nice -n 10 .venv/bin/python benchmarks/bench_worker_memory.py
     nice -n 10 .venv/bin/python benchmarks/bench_worker_memory.py --cases 500x10000 --mechanism joint_exp
     nice -n 10 .venv/bin/python benchmarks/bench_worker_memory.py --baseline HEAD --repeat 3
+    nice -n 10 .venv/bin/python benchmarks/bench_worker_memory.py --no-bounds --cases 8000x1000
 """
 
 from __future__ import annotations
@@ -46,16 +48,20 @@ PREPARE = textwrap.dedent("""
     import numpy as np
     import pyarrow as pa
     from dpq_spark.core.randomness.grid import Grid
+    from dpq_spark.spark._buckets import BUCKETS, bucket_index
     from dpq_spark.spark._packing import pack_partition
-    G, R, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    G, R, path, free = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
     gen = np.random.default_rng(1)
-    codes = (np.repeat(np.arange(G, dtype=np.int64), R) * (1 << 33)
-             + Grid(-100.0, 100.0).snap(gen.normal(0.0, 5.0, G * R)).astype(np.int64))
+    x = gen.normal(0.0, 5.0, G * R)
+    span = BUCKETS if free else 1 << 33  # code = gid * span + bucket, or + grid index
+    cells = bucket_index(x) if free else Grid(-100.0, 100.0).snap(x)
+    codes = np.repeat(np.arange(G, dtype=np.int64), R) * span + cells.astype(np.int64)
+    del x, cells
     gen.shuffle(codes)  # rows arrive in any order on the map side
     batches = (pa.RecordBatch.from_arrays([pa.array(codes[i:i + 10_000])], names=["code"])
                for i in range(0, codes.size, 10_000))
     writer = None
-    for packed in pack_partition(batches, span=1 << 33):
+    for packed in pack_partition(batches, span=span):
         if writer is None:
             writer = pa.ipc.new_stream(path, packed.schema)
         writer.write_batch(packed)
@@ -67,11 +73,14 @@ CHILD = textwrap.dedent("""
     import json, sys, time
     import numpy as np, pandas, pyarrow as pa
     import dpq_spark
+    from dpq_spark.spark._buckets import BUCKETS
     from dpq_spark.spark._release import ReleaseParams, release_partition
     path, mechanism, G, traced = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+    free = sys.argv[5] == "1"
+    bounds = dict(lower=None, upper=None, resolution=BUCKETS) if free else dict(
+        lower=-100.0, upper=100.0, resolution=1 << 20)
     params = ReleaseParams(keys=("g",), quantiles=tuple(np.arange(1, 10) / 10), epsilon=1.0,
-                           lower=-100.0, upper=100.0, resolution=1 << 20,
-                           neighboring="add_remove", mechanism=mechanism)
+                           neighboring="add_remove", mechanism=mechanism, **bounds)
     if traced:
         import tracemalloc
         tracemalloc.start()
@@ -137,6 +146,9 @@ def main() -> None:
                              "largest RSS kept; default %(default)s)")
     parser.add_argument("--baseline", help="a directory holding dpq_spark, or a git revision, "
                                            "measured side by side")
+    parser.add_argument("--no-bounds", action="store_true",
+                        help="no bounds: each group buys private bounds (mechanism auto or "
+                             "joint_exp)")
     parser.add_argument("--tracemalloc", action="store_true",
                         help="also report tracemalloc's peak (slower: times not comparable)")
     args = parser.parse_args()
@@ -147,19 +159,20 @@ def main() -> None:
         files = {}
         for groups, rows in cases:
             files[groups, rows] = os.path.join(tmp, f"{groups}x{rows}.arrow")
-            _run(ROOT, PREPARE, groups, rows, files[groups, rows])
+            _run(ROOT, PREPARE, groups, rows, files[groups, rows], int(args.no_bounds))
         best: dict = {}
         for _ in range(args.repeat):
             for groups, rows in cases:
                 for mech in mechanisms:
                     for label, path in trees.items():  # alternate old and new
                         got = json.loads(_run(path, CHILD, files[groups, rows], mech, groups,
-                                              int(args.tracemalloc)))
+                                              int(args.tracemalloc), int(args.no_bounds)))
                         old = best.setdefault((groups, rows, mech, label), got)
                         old["wall"] = min(old["wall"], got["wall"])
                         old["cpu"] = min(old["cpu"], got["cpu"])
                         old["rss"] = max(old["rss"], got["rss"])
-    print(f"release_partition of one partition (deciles, eps 1, bounds +-100, N(0, 5)); best "
+    bounds = "no bounds" if args.no_bounds else "bounds +-100"
+    print(f"release_partition of one partition (deciles, eps 1, {bounds}, N(0, 5)); best "
           f"wall time and CPU time per group of {args.repeat}, largest peak RSS (VmHWM); load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} at the end")
     header = f"{'groups x rows':<18}{'mechanism':<11}"
