@@ -196,7 +196,7 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 
 
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
-_FREE_ENTRIES = 1 << 20  # bounds-free: (group, bucket) entries released together, at most
+_FREE_ENTRIES = 1 << 19  # bounds-free: (group, bucket) entries released together, at most
 _BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once per call)
 
 
