@@ -112,6 +112,7 @@ from dpq_spark.core.randomness.grid import (
     draw_index,
     draw_index_rows,
     jitter_indices,
+    round_indices,
     split_entries,
     uniform_multiset,
     uniform_multisets,
@@ -425,8 +426,7 @@ def joint_exp_index_grids(groups, steps, quantiles, *, epsilon, neighboring,
         f, f_counts, f_bounds = _jittered(k, counts, bounds, chunk, grid, source, steps=top)
         fine = _joint_exps(f, f_counts, f_bounds, np.arange(chunk.size), q, epsilon, relation,
                            top * jitter + 1, source)  # each grid's fine_size
-        # each grid's round_indices: the cell of every fine index, within [0, N_g]
-        out[chunk] = np.clip((fine + jitter // 2) // jitter, 0, top[:, None])
+        out[chunk] = round_indices(fine, jitter, grid, top[:, None])  # each within [0, N_g]
     return out
 
 

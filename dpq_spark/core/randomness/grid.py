@@ -317,13 +317,15 @@ def jitter_indices(k, counts, jitter: int, grid: Grid, source, steps=None) -> np
     return lo + source.below_array(hi - lo + 1)
 
 
-def round_indices(f, jitter: int, grid: Grid) -> np.ndarray:
+def round_indices(f, jitter: int, grid: Grid, steps=None) -> np.ndarray:
     """Grid index of each fine index: ``clip(floor((f + S/2) / S), 0, N)``, the inverse cell map
-    of :func:`jitter_indices` (post-processing; public)."""
+    of :func:`jitter_indices` (post-processing; public). ``steps`` (optional, broadcast against
+    ``f``) gives each entry its own ``N``, as in :func:`jitter_indices`."""
     f = np.asarray(f, dtype=np.int64)
     if jitter == 1:
         return f.copy()
-    return np.clip((f + jitter // 2) // jitter, 0, grid.steps)
+    top = grid.steps if steps is None else np.asarray(steps, dtype=np.int64)
+    return np.clip((f + jitter // 2) // jitter, 0, top)
 
 
 # --------------------------------------------------------------------------------------------
