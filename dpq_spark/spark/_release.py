@@ -521,10 +521,8 @@ def _release_slices(fold: Fold, params: ReleaseParams, units_of, hash_of):
     (:meth:`Fold.slices`), each by :func:`_release_buckets`."""
     slices = fold.slices()
     while (part := next(slices, None)) is not None:
-        codes, counts = part.fine.codes, part.fine.counts
-        del part  # the slice's arrays are freed as soon as its groups are released
-        yield from _release_buckets(codes, counts, params, units_of, hash_of)
-        del codes, counts
+        yield from _release_buckets(part, params, units_of, hash_of)
+        del part  # this slice's arrays are not kept while the fold cuts the next one
 
 
 def release_partition(batches, params: ReleaseParams):
@@ -574,26 +572,16 @@ def _release_partition(batches, params: ReleaseParams, sink):
             names=[GID, "value", MECHANISM])
 
 
-def _release_buckets(codes, counts, params: ReleaseParams, units_of, hash_of):
-    """Bounds-free path: release each group of sorted distinct ``gid * resolution + bucket``
-    codes and their counts from its (bucket, count) pairs, each as
+def _release_buckets(part: Fold, params: ReleaseParams, units_of, hash_of):
+    """Bounds-free path: release each group of an unspilled fold of ``gid * resolution +
+    bucket`` codes (a slice of whole groups) from its (bucket, count) pairs, each as
     :func:`release_values` releases it; with production randomness and public keys, by
     :func:`~dpq_spark.core.quantiles.batch_private_bounds.release_many_private_bounds` (the
     JointExp draws of many groups together). Yields ``(gid, values, name)`` as the groups are
     released, so that only the groups of the current chunk are held, not the slice's."""
-    span = params.resolution
-    if codes.size == 0:
-        return
-    group_of = codes // span
-    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
-    gids = group_of[starts]
-    del group_of  # as large as the partition's buckets: each chunk's cells are computed alone
-    edges = np.append(starts, codes.size)
-    del starts
-
-    def cells(x, y):  # the buckets of codes[x:y]
-        return codes[x:y] - (codes[x:y] // span) * span
-
+    gids, starts, ends = part.groups()
+    cells, counts = part.arrays()  # each code's bucket, and its count
+    edges = np.append(starts, ends[-1:])  # group i is edges[i]:edges[i + 1]
     if _free_batchable(params):
         source = resolve_rng(None)
         a = 0
@@ -601,16 +589,15 @@ def _release_buckets(codes, counts, params: ReleaseParams, units_of, hash_of):
             b = max(a + 1, int(np.searchsorted(edges, edges[a] + _FREE_ENTRIES, side="right")) - 1)
             x, y = int(edges[a]), int(edges[b])
             got = release_many_private_bounds(
-                FlatGroups(bucket_values(cells(x, y)), counts[x:y], edges[a:b + 1] - x),
+                FlatGroups(bucket_values(cells[x:y]), counts[x:y], edges[a:b + 1] - x),
                 np.asarray(params.quantiles, dtype=np.float64), epsilon=params.epsilon,
                 neighboring=params.neighboring, mechanism=params.mechanism,
                 bounds_share=params.bounds_share, granularity=params.granularity, source=source)
             yield from zip(gids[a:b].tolist(), got.values, got.mechanisms)
             a = b
         return
-    for i, gid in enumerate(gids.tolist()):
-        x, y = int(edges[i]), int(edges[i + 1])
-        got = release_values(cells(x, y), counts[x:y], units_of(gid), hash_of(gid), params)
+    for gid, x, y in zip(gids.tolist(), starts.tolist(), ends.tolist()):
+        got = release_values(cells[x:y], counts[x:y], units_of(gid), hash_of(gid), params)
         if got is not None:
             yield (gid, *got)
 
