@@ -9,9 +9,9 @@ of what is left), then the mechanism inside those bounds with the rest. All from
 source: auto's noisy counts and choices for all groups as one array
 (:func:`~dpq_spark.core.quantiles.choose.plan_auto_many`), then the bounds' gates, their noisy
 counts as one array (:func:`~dpq_spark.core.quantiles.bounds.bounds_gate`: most groups of a few
-dozen rows stop here, flagged), then, group by group, the searches of the groups that passed
-(:func:`~dpq_spark.core.quantiles.bounds.search_bounds`). For one group these are the very draws
-of the core, in its order. A group whose mechanism is JointExp is then set aside: its data
+dozen rows stop here, flagged), then the searches of the groups that passed, as arrays over all
+of them (:func:`~dpq_spark.core.quantiles.bounds.search_bounds_many`). For one group these are
+the very draws of the core, in its order. A group whose mechanism is JointExp is then set aside: its data
 snapped to the default grid of its own bounds (``Grid(lower, upper)``, 2**32 steps whatever the
 bounds), and the set-aside groups are drawn together by
 :func:`~dpq_spark.core.quantiles.batch.release_many` on those grid indices. Other mechanisms
@@ -42,7 +42,8 @@ from dpq_spark.core.quantiles.batch import (
     joint_exp_index_grids,
     release_many,
 )
-from dpq_spark.core.quantiles.bounds import DEFAULT_BOUNDS_SHARE, UNIT, bounds_gate, search_bounds
+from dpq_spark.core.quantiles.bounds import (DEFAULT_BOUNDS_SHARE, UNIT, bounds_gate,
+                                             search_bounds_many)
 from dpq_spark.core.quantiles.choose import plan_auto_many
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.accounting.neighboring import NeighboringRelation
@@ -124,22 +125,26 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
         picked, rest = [mechanism] * G, float(epsilon)
     gate = bounds_gate(totals, epsilon=share * rest, neighboring=relation, source=source)
     held = _Held(q, relation, source, values, declared=granularity is not None)
-    for g in np.flatnonzero(gate.passed).tolist():
+    # the rest of with_private_bounds's two steps: the searches of the bounds (share * rest) of
+    # every group that passed its gate, then each one's mechanism inside them at
+    # (1 - share) * rest
+    passed = np.flatnonzero(gate.passed)
+    rows = np.repeat(gate.passed, np.diff(bounds))
+    lower, upper, _, _ = search_bounds_many(
+        x[rows], counts[rows], np.concatenate(([0], np.cumsum(np.diff(bounds)[passed]))),
+        eps_sides=gate.eps_sides, n_public=gate.n_public[passed], unit=unit, source=source)
+    for g, lo, hi in zip(passed.tolist(), lower.tolist(), upper.tolist()):
         a, b = int(bounds[g]), int(bounds[g + 1])
         v, c = x[a:b], counts[a:b]
         name = picked[g]
-        # the rest of with_private_bounds's two steps: the searches of the bounds (share * rest),
-        # then the mechanism inside them at (1 - share) * rest
-        found = search_bounds(v, c, epsilon=share * rest, gate=gate, n_public=float(gate.n_public[g]),
-                              unit=unit, source=source)
         names[g] = name
-        grid = Grid(found.lower, found.upper, granularity)
+        grid = Grid(lo, hi, granularity)
         if name == "joint_exp" and grid.steps >= 1:  # drawn later with the held groups
             held.add(g, grid, v, c, (1.0 - share) * rest)
             continue
         # another mechanism, or a declared grid of one point: drawn here, as the core draws it
         values[g] = get_base_mechanism(name)(v, q, epsilon=(1.0 - share) * rest,
-                                             lower=found.lower, upper=found.upper,
+                                             lower=lo, upper=hi,
                                              neighboring=relation, counts=c, rng=source, **extra)
     held.draw()
     return BatchRelease(values, names)

@@ -229,21 +229,16 @@ def min_rows(eps_side: float) -> int:
     return 2 * (side_threshold(eps_side) + 2 * math.ceil(nu_scale))
 
 
-def _search(counts_beyond: np.ndarray, rho_scale, nu_scale, threshold: int, source,
-            runs: int | None = None):
-    """Index of the first candidate with ``count + nu <= T + rho`` (monotone AboveThreshold).
-
-    ``counts_beyond`` is in search order; the last index is returned if nothing fires. With
-    ``runs`` it performs that many independent searches at once (for the statistical tests) and
-    returns an array of indices.
-    """
-    size = 1 if runs is None else int(runs)
-    # the table sampler: the same exact law as discrete_laplace, from 16 random bits a draw
-    rho = dlap_table(rho_scale).sample(source, size).reshape(size, 1)
-    nu = dlap_table(nu_scale).sample(source, size * counts_beyond.size).reshape(size, -1)
-    fires = counts_beyond[None, :] + nu <= threshold + rho
-    first = np.where(fires.any(axis=1), fires.argmax(axis=1), counts_beyond.size - 1)
-    return int(first[0]) if runs is None else first
+def _stops(counts_beyond: np.ndarray, rho_scale, nu_scale, threshold: int, source) -> np.ndarray:
+    """One monotone AboveThreshold search per row of ``counts_beyond`` (shape ``(G, M)``, in
+    search order): the index of the first candidate with ``count + nu <= T + rho``, or the last
+    index if nothing fires. Draws ``rho`` for every row, then the ``nu`` of every row's
+    candidates in order, from the exact discrete-Laplace table sampler (16 random bits a draw)."""
+    G, M = counts_beyond.shape
+    rho = dlap_table(rho_scale).sample(source, G).reshape(G, 1)
+    nu = dlap_table(nu_scale).sample(source, G * M).reshape(G, M)
+    fires = counts_beyond + nu <= threshold + rho
+    return np.where(fires.any(axis=1), fires.argmax(axis=1), M - 1)
 
 
 def _check_share(value, name: str) -> float:
@@ -399,47 +394,91 @@ def search_bounds(x: np.ndarray, w: np.ndarray, *, epsilon: float, gate: BoundsG
     """:func:`private_bounds` after its gate, for one group that passed it: the two searches
     (or the one of a missing side) on the values ``x`` with integer weights ``w`` (validated),
     at ``gate.eps_sides`` each, then the widening by ``n_public`` (the gate's count of this
-    group). ``epsilon`` is the whole bounds budget (recorded in the result)."""
+    group). ``epsilon`` is the whole bounds budget (recorded in the result). The one-group
+    case of :func:`search_bounds_many`: the same draws in the same order."""
+    found = search_bounds_many(x, w, np.array([0, x.size]), eps_sides=gate.eps_sides,
+                               n_public=np.array([float(n_public)]), lower=lower, upper=upper,
+                               unit=unit, source=source)
+    lo, hi, raw_lo, raw_hi = (float(a[0]) for a in found)
+    return PrivateBounds(lo, hi, epsilon, raw_lo if lower is None else None,
+                         raw_hi if upper is None else None)
+
+
+#: ladder candidates (times groups) whose counts and noise :func:`search_bounds_many` holds at
+#: once: about 2 MiB an array
+_SEARCH_CELLS = 1 << 18
+
+
+def _beyond_counts(values, weights, groups, size: int, mags: np.ndarray) -> np.ndarray:
+    """``#{v > m_j}`` (weighted) per group (rows, ``groups`` in ``[0, size)``) and candidate
+    ``m_j`` of the ladder ``mags`` (columns): one search of the ladder places every value,
+    ``#{m_j < v}`` (so ``v > m_j`` iff ``j`` is below it), and each group's histogram of those
+    places is summed from the top."""
+    M = mags.size
+    at = np.searchsorted(mags, values, side="left")
+    hist = np.bincount(groups * (M + 1) + at, weights=weights, minlength=size * (M + 1))
+    hist = hist.reshape(size, M + 1).astype(np.int64)  # sums of integers below 2**53: exact
+    return np.cumsum(hist[:, :0:-1], axis=1)[:, ::-1]  # column j: the sum over places > j
+
+
+def search_bounds_many(x: np.ndarray, w: np.ndarray, starts: np.ndarray, *, eps_sides: float,
+                       n_public: np.ndarray, lower=None, upper=None, unit: float = UNIT,
+                       source) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The searches and widening of :func:`search_bounds` for G groups that passed the gate,
+    as arrays over all of them.
+
+    Group g holds the values ``x[starts[g]:starts[g + 1]]`` (validated, any order) with integer
+    weights ``w``; ``n_public[g]`` is its gate's count; every group has the side budget
+    ``eps_sides`` and the same given ``lower``/``upper`` (None: searched). Returns float64
+    arrays ``(lower, upper, raw_lower, raw_upper)`` (a raw side that was given is NaN).
+
+    Each side's counts ``#{x > m_j}`` come from one histogram of the values' ladder positions
+    (``#{m_j < v}``, one search of the sorted ladder for all values), summed from the top. The
+    noise of a side is drawn for a chunk of groups at once, ``rho`` for each group of the chunk
+    then the ``nu`` of each group's candidates in order, upper side first. For one group that
+    is exactly :func:`search_bounds`' order of draws from ``source``; for several, each group's
+    searches have the same law, independent across groups.
+
+    Privacy: each group's release is :func:`private_bounds`' after its gate (that docstring),
+    on its own rows; groups are disjoint, so parallel composition applies.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    G = starts.size - 1
     mags = _ladder(unit)
-    rho_scale, nu_scale = _scales(gate.eps_sides)
-    threshold = side_threshold(gate.eps_sides)
+    M = mags.size
+    rho_scale, nu_scale = _scales(eps_sides)
+    threshold = side_threshold(eps_sides)
+    x = np.asarray(x, dtype=np.float64)
+    w = np.asarray(w, dtype=np.int64)
 
-    def search(side_values, side_weights) -> float:
-        order = np.argsort(side_values, kind="stable")
-        xs, cum = side_values[order], np.concatenate([[0], np.cumsum(side_weights[order])])
-        beyond = cum[-1] - cum[np.searchsorted(xs, mags, side="right")]   # #{v > m_j}
-        return float(mags[_search(beyond, rho_scale, nu_scale, threshold, source)])
-
-    lo_given, hi_given = lower, upper
-    raw_hi = raw_lo = None
-    if hi_given is None:
-        pos = x > 0
-        raw_hi = search(x[pos], w[pos])
-    if lo_given is None:
-        neg = x < 0
-        raw_lo = -search(-x[neg], w[neg])
-
-    lo = raw_lo if lo_given is None else lo_given
-    hi = raw_hi if hi_given is None else hi_given
-    if lo > hi:  # a given bound on the far side of the searched one
-        if lo_given is None:
-            lo = hi
-        else:
-            hi = lo
+    searched = [name for name, given in (("upper", upper), ("lower", lower)) if given is None]
+    stops = {name: np.empty(G, dtype=np.int64) for name in searched}
+    chunk = max(1, _SEARCH_CELLS // M)
+    for a in range(0, G, chunk):
+        b = min(G, a + chunk)
+        v, c = x[starts[a]:starts[b]], w[starts[a]:starts[b]]
+        gid = np.repeat(np.arange(b - a), np.diff(starts[a:b + 1]))
+        for name in searched:  # the upper side first, as search_bounds
+            side = v > 0 if name == "upper" else v < 0
+            counts = _beyond_counts(np.abs(v[side]), c[side], gid[side], b - a, mags)
+            stops[name][a:b] = _stops(counts, rho_scale, nu_scale, threshold, source)
+    raw_hi = mags[stops["upper"]] if upper is None else np.full(G, np.nan)
+    raw_lo = -mags[stops["lower"]] if lower is None else np.full(G, np.nan)
+    lo = raw_lo if lower is None else np.full(G, float(lower))
+    hi = raw_hi if upper is None else np.full(G, float(upper))
+    if lower is not None and upper is None:
+        hi = np.maximum(hi, lo)  # a given bound on the far side of the searched one
+    elif upper is not None and lower is None:
+        lo = np.minimum(lo, hi)
     span = hi - lo
-    widen = min(WIDEN, 16.0 * max(threshold, 1) / n_public)  # n_public >= n_min > 0 here
-    if span > 0:
-        if lo_given is None and raw_lo != 0.0:
-            lo = lo - widen * span
-        if hi_given is None and raw_hi != 0.0:
-            hi = hi + widen * span
-    else:
-        step = float(mags[1])
-        if lo_given is None:
-            lo = hi - step if hi_given is not None else lo - step
-        if hi_given is None:
-            hi = lo + step if lo_given is not None else hi + step
-    return PrivateBounds(float(lo), float(hi), epsilon, raw_lo, raw_hi)
+    widen = np.minimum(WIDEN, 16.0 * max(threshold, 1) / np.asarray(n_public, dtype=np.float64))
+    step = float(mags[1])
+    wide = span > 0  # else lo == hi: each searched side moves out by the first candidate
+    if lower is None:
+        lo = np.where(wide, np.where(raw_lo != 0.0, lo - widen * span, lo), lo - step)
+    if upper is None:
+        hi = np.where(wide, np.where(raw_hi != 0.0, hi + widen * span, hi), hi + step)
+    return lo, hi, raw_lo, raw_hi
 
 
 def with_private_bounds(mechanism):

@@ -202,7 +202,7 @@ def test_overshoot_bound_matches_the_search_where_it_is_measurable():
     rho, nu = B._scales(eps_side)
     counts = np.array([10**6] * 3 + [0] * 40)
     source = resolve_rng(np.random.default_rng(5))
-    stops = B._search(counts, rho, nu, 0, source, runs=200_000)
+    stops = B._stops(np.tile(counts, (200_000, 1)), rho, nu, 0, source)
     for steps in (2, 4, 8):
         p = overshoot_bound(0, rho, nu, steps)
         hat = np.mean(stops > 2 + steps)
@@ -326,3 +326,118 @@ def test_integral_data_is_searched_on_integers():
     # the wrapper hands the mechanism's granularity to the search
     r = joint_exp(x, DECILES, epsilon=1.0, granularity=1, rng=np.random.default_rng(2))
     assert np.all(r == np.round(r))
+
+
+# --------------------------------------------------------------------------- many groups at once
+def _search_many(datasets, eps_sides, seed, **given):
+    x = np.concatenate(datasets)
+    starts = np.concatenate(([0], np.cumsum([d.size for d in datasets])))
+    return B.search_bounds_many(x, np.ones(x.size, dtype=np.int64), starts, eps_sides=eps_sides,
+                                n_public=np.array([float(d.size) for d in datasets]), unit=1.0,
+                                source=resolve_rng(np.random.default_rng(seed)), **given)
+
+
+def _many_stops(datasets, copies, eps_sides, seed):
+    """The upper and lower stopping indices of ``copies`` interleaved copies of each dataset in
+    one search_bounds_many call, shape ``(copies, len(datasets))`` each."""
+    mags = B._ladder(1.0)
+    _, _, raw_lo, raw_hi = _search_many(list(datasets) * copies, eps_sides, seed)
+    shape = (copies, len(datasets))
+    return (np.searchsorted(mags, raw_hi).reshape(shape),
+            np.searchsorted(mags, -raw_lo).reshape(shape))
+
+
+def _many_datasets():
+    gen = np.random.default_rng(12)  # integers on the integer ladder: rows tie with candidates
+    return (np.round(gen.normal(0, 6, 300)), np.round(gen.normal(20, 3, 200)),
+            np.round(gen.lognormal(2.0, 1.0, 150)) - 5)
+
+
+def test_many_groups_in_one_search_each_have_the_exact_law_of_their_own_data(monkeypatch):
+    # 3 datasets x 1,500 interleaved copies in one call (several chunks of groups): each side's
+    # stopping index against its exact law on that dataset alone
+    eps_sides, copies = 0.5, 1500
+    mags = B._ladder(1.0)
+    rho, nu = B._scales(eps_sides)
+    threshold = side_threshold(eps_sides)
+    datasets = _many_datasets()
+    assert len(datasets) * copies * mags.size > 4 * B._SEARCH_CELLS
+    laws = [(_side_law(_side_counts(x, mags), rho, nu, threshold),
+             _side_law(_side_counts(-x, mags), rho, nu, threshold)) for x in datasets]
+
+    def pvalues(seed):
+        hi, lo = _many_stops(datasets, copies, eps_sides, seed)
+        return [_chi2_pvalue(stops[:, d], laws[d][s])
+                for d in range(len(datasets)) for s, stops in enumerate((hi, lo))]
+
+    assert min(pvalues(13)) > 1e-3
+    # power: counting the rows at a candidate as beyond it (x >= m_j) draws another law
+    def at_or_beyond(values, weights, groups, size, mags):
+        return real(np.nextafter(values, np.inf), weights, groups, size, mags)
+
+    real = B._beyond_counts
+    monkeypatch.setattr(B, "_beyond_counts", at_or_beyond)
+    assert min(pvalues(14)) < 1e-6
+
+
+def test_many_groups_in_one_search_draw_independent_noise(monkeypatch):
+    # 1,500 copies of one group in chunks of 50 groups: the chunks' upper stops are alike
+    # (Kruskal-Wallis); a threshold noise shared by a chunk's groups is caught. The group holds
+    # T + 5 rows far out, so each stop is about geometric with a rate set by its rho.
+    mags = B._ladder(1.0)
+    monkeypatch.setattr(B, "_SEARCH_CELLS", 50 * mags.size)
+    x = np.full(side_threshold(0.5) + 5, 1e6)
+
+    def pvalue(seed):
+        hi, _ = _many_stops([x], 1500, 0.5, seed)
+        return stats.kruskal(*hi.reshape(30, 50)).pvalue
+
+    assert pvalue(15) > 1e-3
+
+    def shared_rho(counts_beyond, rho_scale, nu_scale, threshold, source):
+        G, M = counts_beyond.shape
+        rho = B.dlap_table(rho_scale).sample(source, 1)
+        nu = B.dlap_table(nu_scale).sample(source, G * M).reshape(G, M)
+        fires = counts_beyond + nu <= threshold + rho
+        return np.where(fires.any(axis=1), fires.argmax(axis=1), M - 1)
+
+    monkeypatch.setattr(B, "_stops", shared_rho)
+    assert pvalue(15) < 1e-6
+
+
+def _widened(raw_lo, raw_hi, lower, upper, n_public, threshold, step):
+    """The module's widening rules, one group at a time (an independent oracle)."""
+    lo = raw_lo if lower is None else lower
+    hi = raw_hi if upper is None else upper
+    if lo > hi:
+        lo, hi = (hi, hi) if lower is None else (lo, lo)
+    span = hi - lo
+    w = min(B.WIDEN, 16.0 * max(threshold, 1) / n_public)
+    if span > 0:
+        lo = lo - w * span if lower is None and raw_lo != 0.0 else lo
+        hi = hi + w * span if upper is None and raw_hi != 0.0 else hi
+        return lo, hi
+    if lower is None and upper is None:
+        return lo - step, hi + step
+    return (hi - step, hi) if lower is None else (lo, lo + step)
+
+
+@pytest.mark.parametrize("given", [{}, {"lower": 40.0}, {"upper": -40.0}, {"lower": -3.0},
+                                   {"upper": 2.5}])
+def test_many_groups_widen_each_group_by_the_rules(given):
+    # signed, positive-only and all-zero data (raw bounds at 0 on one side or both), with a
+    # given side inside or beyond the searched one: each group's bounds follow the rules applied
+    # to its own stopping points and noisy count
+    gen = np.random.default_rng(16)
+    datasets = [np.round(gen.normal(0, 6, 300)), np.round(gen.lognormal(2.0, 1.0, 150)) + 1,
+                np.zeros(250), np.round(gen.normal(0, 2, 20)), np.round(gen.normal(0, 30, 2000))] * 20
+    lo, hi, raw_lo, raw_hi = _search_many(datasets, 0.5, 17, **given)
+    threshold, step = side_threshold(0.5), float(B._ladder(1.0)[1])
+    kinds = set()
+    for g, x in enumerate(datasets):
+        want = _widened(None if "lower" in given else raw_lo[g], None if "upper" in given else raw_hi[g],
+                        given.get("lower"), given.get("upper"), float(x.size), threshold, step)
+        assert (lo[g], hi[g]) == want, g
+        assert lo[g] < hi[g]
+        kinds.add((raw_lo[g] == 0.0, raw_hi[g] == 0.0, hi[g] - lo[g] == step))
+    assert len(kinds) >= 2  # more than one rule was exercised
