@@ -20,7 +20,6 @@ from dpq_spark.spark._compat import create_dataframe
 from dpq_spark.spark._buckets import (
     BUCKET_BITS,
     BUCKET_CAP,
-    BUCKET_EMAX,
     BUCKET_EMIN,
     BUCKET_FLOOR,
     BUCKET_OFFSET,
@@ -154,26 +153,30 @@ def _grid(lower: float, upper: float, granularity: float | None) -> Grid:
 def bucket_column():
     """The value's index in the public log-scale bucket grid (bounds-free path), as a long.
 
-    Same map as :func:`dpq_spark.spark._buckets.bucket_index`: ``|x|`` clamped to
-    ``BUCKET_CAP``; below ``BUCKET_FLOOR`` the zero bucket ``BUCKET_OFFSET``; else ``e =
-    floor(log2|x|)``, corrected by one where ``log2`` rounded across a power of two (``pow(2,
-    e)`` is exact, so the corrected ``e`` has ``2**e <= |x| < 2**(e+1)``), the mantissa bucket
-    ``floor((|x| / 2**e - 1) * 2**20)`` (exact: division by a power of two), and the sign. It
-    reads one value and public constants only (a per-record map), and it is monotone in x.
+    Same map as :func:`dpq_spark.spark._buckets.bucket_index`: ``a = |x|`` clamped to
+    ``[BUCKET_FLOOR, BUCKET_CAP]``; ``e = floor(log2 a)``, corrected by one where ``log2``
+    rounded across a power of two (``pow(2, e)`` is exact, so the corrected ``e`` has ``2**e <= a
+    < 2**(e+1)``, within ``[BUCKET_EMIN, BUCKET_EMAX]``); the mantissa bucket ``floor((a / 2**e
+    - 1) * 2**20)`` (exact: division by a power of two); the magnitude 0 where ``|x| <
+    BUCKET_FLOOR``; and the sign. It reads one value and public constants only (a per-record
+    map), and it is monotone in x.
+
+    Written without conditional expressions (the corrections and the zero bucket are booleans
+    cast to 0 or 1), so Spark's generated code computes ``a``, ``log2 a`` and ``2**floor(log2
+    a)`` once per row: with ``when`` branches it computed them again in each, and the map
+    took 1.6 s instead of 0.6 s on 1e7 rows (``local[2]``).
     """
     x = F.col(VALUE)
-    a = F.least(F.abs(x), F.lit(BUCKET_CAP))
-    e0 = F.floor(F.log2(F.greatest(a, F.lit(BUCKET_FLOOR))))
+    a = F.least(F.greatest(F.abs(x), F.lit(BUCKET_FLOOR)), F.lit(BUCKET_CAP))
     two = F.lit(2.0)
-    e1 = (F.when(a < F.pow(two, e0), e0 - 1)
-          .when(a >= F.pow(two, e0 + 1), e0 + 1)
-          .otherwise(e0))
-    e = F.least(F.greatest(e1, F.lit(BUCKET_EMIN)), F.lit(BUCKET_EMAX))
+    e0 = F.floor(F.log2(a))
+    p0 = F.pow(two, e0)
+    e = e0 - (a < p0).cast("long") + (a >= p0 * two).cast("long")
     scale = float(1 << BUCKET_BITS)
     b = F.floor((a / F.pow(two, e) - F.lit(1.0)) * F.lit(scale))
-    b = F.least(F.greatest(b, F.lit(0)), F.lit((1 << BUCKET_BITS) - 1))
-    mag = (e - F.lit(BUCKET_EMIN)).cast("long") * F.lit(1 << BUCKET_BITS) + b.cast("long") + F.lit(1)
-    mag = F.when(a >= F.lit(BUCKET_FLOOR), mag).otherwise(F.lit(0).cast("long"))
+    b = F.least(F.greatest(b, F.lit(0)), F.lit((1 << BUCKET_BITS) - 1)).cast("long")
+    mag = (e - F.lit(BUCKET_EMIN)).cast("long") * F.lit(1 << BUCKET_BITS) + b + F.lit(1)
+    mag = mag * (F.abs(x) >= F.lit(BUCKET_FLOOR)).cast("long")
     sign = F.signum(x).cast("long")
     return (F.lit(BUCKET_OFFSET).cast("long") + sign * mag).cast("long")
 
