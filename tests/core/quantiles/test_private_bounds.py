@@ -430,13 +430,15 @@ def test_many_groups_widen_each_group_by_the_rules(given):
     # to its own stopping points and noisy count
     gen = np.random.default_rng(16)
     datasets = [np.round(gen.normal(0, 6, 300)), np.round(gen.lognormal(2.0, 1.0, 150)) + 1,
-                np.zeros(250), np.round(gen.normal(0, 2, 20)), np.round(gen.normal(0, 30, 2000))] * 20
+                np.zeros(250), np.round(gen.normal(0, 2, 20)),
+                np.round(gen.normal(0, 30, 2000))] * 20
     lo, hi, raw_lo, raw_hi = _search_many(datasets, 0.5, 17, **given)
     threshold, step = side_threshold(0.5), float(B._ladder(1.0)[1])
     kinds = set()
     for g, x in enumerate(datasets):
-        want = _widened(None if "lower" in given else raw_lo[g], None if "upper" in given else raw_hi[g],
-                        given.get("lower"), given.get("upper"), float(x.size), threshold, step)
+        raw = (None if "lower" in given else raw_lo[g], None if "upper" in given else raw_hi[g])
+        want = _widened(*raw, given.get("lower"), given.get("upper"), float(x.size), threshold,
+                        step)
         assert (lo[g], hi[g]) == want, g
         assert lo[g] < hi[g]
         kinds.add((raw_lo[g] == 0.0, raw_hi[g] == 0.0, hi[g] - lo[g] == step))
