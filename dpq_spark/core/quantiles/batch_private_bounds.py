@@ -129,9 +129,10 @@ def release_many_private_bounds(groups, quantiles, *, epsilon, neighboring="add_
     # every group that passed its gate, then each one's mechanism inside them at
     # (1 - share) * rest
     passed = np.flatnonzero(gate.passed)
-    rows = np.repeat(gate.passed, np.diff(bounds))
+    sizes = np.diff(bounds)  # each group's distinct values
+    rows = np.repeat(gate.passed, sizes)
     lower, upper, _, _ = search_bounds_many(
-        x[rows], counts[rows], np.concatenate(([0], np.cumsum(np.diff(bounds)[passed]))),
+        x[rows], counts[rows], np.concatenate(([0], np.cumsum(sizes[passed]))),
         eps_sides=gate.eps_sides, n_public=gate.n_public[passed], unit=unit, source=source)
     for g, lo, hi in zip(passed.tolist(), lower.tolist(), upper.tolist()):
         a, b = int(bounds[g]), int(bounds[g + 1])
