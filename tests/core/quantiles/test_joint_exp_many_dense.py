@@ -30,8 +30,8 @@ TOL = 1e-10
 DECILES = np.arange(1, 10) / 10
 
 
-def _tables(cells_list, q, c, size, dense):
-    """The forward tables of these groups by one path; (fw, ok)."""
+def _batch(cells_list, q, c, size):
+    """The unfilled forward tables of these groups, and their cells' offsets."""
     G, m = len(cells_list), q.size
     lo, hi = np.empty((G, m), dtype=np.int64), np.empty((G, m), dtype=np.int64)
     for g, cells in enumerate(cells_list):
@@ -40,11 +40,16 @@ def _tables(cells_list, q, c, size, dense):
     coff = np.concatenate(([0], np.cumsum(b - a)))
     parts = [np.concatenate([cl[t][x:y] for cl, x, y in zip(cells_list, a, b)]) for t in (1, 2, 3)]
     n = np.array([cl[4] for cl in cells_list], dtype=np.float64)
-    fw = JM._Forward(*parts, coff, n, q, c, lo - a[:, None], hi - a[:, None])
+    return JM._Forward(*parts, coff, n, q, c, lo - a[:, None], hi - a[:, None]), coff
+
+
+def _tables(cells_list, q, c, size, dense):
+    """The forward tables of these groups by one path; (fw, ok)."""
+    fw, coff = _batch(cells_list, q, c, size)
     if dense:
         return fw, JM._Dense(fw, coff).run()
     fw.run()
-    return fw, np.ones(G, dtype=bool)
+    return fw, np.ones(len(cells_list), dtype=bool)
 
 
 def _group_tables(fw, g):
@@ -152,6 +157,25 @@ def test_dense_tables_are_the_same_in_any_batch():
     assert checked >= 8
 
 
+def test_dense_tables_in_chunks_are_the_tables_of_one_pass(monkeypatch):
+    """Run in chunks of a few groups (:func:`joint_exp_many._dense_tables`, as a batch larger
+    than ``_DENSE_ELEMENTS`` is), every group's tables, scales and guard are the same bits as
+    in one dense pass over all of them: each chunk's tables land where the batch's backward
+    pass reads that group."""
+    cells, q, c, size = _cases(9, "add_remove", 1.0, np.random.default_rng(5))
+    cells = cells + cells[::-1]  # groups of different widths on both sides of every cut
+    one, ok_one = _tables(cells, q, c, size, dense=True)
+    assert ok_one.sum() >= 8 and not ok_one.all()  # refused groups inside chunks, too
+    chunked, coff = _batch(cells, q, c, size)
+    monkeypatch.setattr(JM, "_DENSE_ELEMENTS", 3 * 9 * 600)  # 1 to about 20 groups a chunk
+    ok = JM._dense_tables(chunked, coff)
+    np.testing.assert_array_equal(ok, ok_one)
+    for g in np.flatnonzero(ok):
+        for x, y in zip(_group_tables(chunked, g), _group_tables(one, g)):
+            assert np.array_equal(x, y), g
+        assert np.array_equal(chunked.nu[g], one.nu[g])
+
+
 def _bits_of_accepted(fw, ok):
     return [t.view(np.int64).tobytes() for g in np.flatnonzero(ok) for t in _group_tables(fw, g)]
 
@@ -221,9 +245,13 @@ def test_small_grid_groups_take_the_dense_path(monkeypatch):
     assert len(calls) == 1 and calls[0].all()
 
 
-def test_dense_groups_follow_their_exact_law_with_refused_ones_beside():
+@pytest.mark.parametrize("chunks", [False, True])
+def test_dense_groups_follow_their_exact_law_with_refused_ones_beside(monkeypatch, chunks):
     """Tiny groups on a grid of 9 points against brute force, interleaved, with a large-epsilon
-    group whose span the dense guard refuses in the same call (so both paths run)."""
+    group whose span the dense guard refuses in the same call (so both paths run); ``chunks``:
+    each group's dense pass a chunk of its own, all rows drawn together."""
+    if chunks:
+        monkeypatch.setattr(JM, "_DENSE_ELEMENTS", 1)
     c = c_of(MANY_Q, MANY_EPS)
     names = ["distinct", "ties", "on_the_bounds", "all_equal"]
     cells = [J._grid_cells(np.asarray(MANY[k], dtype=np.int64), None, MANY_SIZE) for k in names]
@@ -276,3 +304,16 @@ def test_dense_groups_have_the_flat_law(rows):
 @pytest.mark.parametrize("factor", [0.7, 1.3])
 def test_dense_law_test_has_power(rows, factor):
     assert _median_law_pvalue(rows, factor, seed=5) < 1e-3
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 300), (75, 3), (75, 130), (300, 1000)])
+def test_block_sums_are_cumulative_sums_bit_for_bit(monkeypatch, shape):
+    """The in-block prefix and suffix sums (:func:`joint_exp_many._cumulate`), by whole rows or
+    by ``cumsum``, are ``np.cumsum``'s numbers down and up the columns."""
+    v = np.random.default_rng(shape[0] * shape[1]).lognormal(0.0, 30.0, shape)
+    want = np.cumsum(v, axis=0), np.cumsum(v[::-1], axis=0)[::-1]
+    for row in (0, 1 << 30):  # rows always, never
+        monkeypatch.setattr(JM, "_CUMULATE_ROW", row)
+        pre, suf = v.copy(), v.copy()
+        JM._cumulate(pre, suf)
+        assert np.array_equal(pre, want[0]) and np.array_equal(suf, want[1])
