@@ -768,7 +768,7 @@ class _Dense:
         sums), all as flat indices into the blocks' layout of :meth:`_blocks`; a piece the
         window does not take reads an exact zero (the layout's row of zeros). Returns them and
         the layout."""
-        G, W = self.fw.G, self.W
+        G = self.fw.G
         cols = self.col[r0:r1]
         # p' <= T iff 2 p' <= floor(2 T) (the 2 p' are integers): read in each row's table of
         # the number of cells with 2 p' <= x, x = -1..2 n_g
