@@ -695,7 +695,7 @@ class _Dense:
       window, which lies in at most three consecutive blocks of ranks of length ``0.75 t``
       (as :func:`~dpq_spark.core.quantiles.joint_exp._add_window`): the suffix of its first
       block, at most one whole block, the prefix of its last block; the in-block prefix and
-      suffix sums are cumulative sums along an array that holds each block as a row of its
+      suffix sums are cumulative sums down an array that holds each block as a column of its
       own (:meth:`_blocks`). No difference of sums is ever taken.
 
     The run sums add every run length (no truncation): for each k, ``A_{j-k+1} + offset +
@@ -766,7 +766,7 @@ class _Dense:
         suffix of lo's block (``suf_at``, into the suffix sums), the prefix of the block of
         ``i - 1`` (``pre_at``) and the one whole block between (``mid_at``, into the prefix
         sums), all as flat indices into the blocks' layout of :meth:`_blocks`; a piece the
-        window does not take reads an exact zero (the layout's row of zeros). Returns them and
+        window does not take reads an exact zero (the layout's column of zeros). Returns them and
         the layout."""
         G = self.fw.G
         cols = self.col[r0:r1]
