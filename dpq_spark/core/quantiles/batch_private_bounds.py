@@ -12,8 +12,8 @@ counts as one array (:func:`~dpq_spark.core.quantiles.bounds.bounds_gate`: most 
 dozen rows stop here, flagged), then the searches of the groups that passed, as arrays over all
 of them (:func:`~dpq_spark.core.quantiles.bounds.search_bounds_many`). For one group these are
 the very draws of the core, in its order. A group whose mechanism is JointExp is then set
-aside: its data snapped to the default grid of its own bounds (``Grid(lower, upper)``, 2**32 steps whatever the
-bounds), and the set-aside groups are drawn together by
+aside: its data snapped to the default grid of its own bounds (``Grid(lower, upper)``, 2**32
+steps whatever the bounds), and the set-aside groups are drawn together by
 :func:`~dpq_spark.core.quantiles.batch.release_many` on those grid indices. Other mechanisms
 run group by group.
 
