@@ -14,7 +14,7 @@ from dpq_spark.spark._columns import BUCKET, CODES, COUNTS
 from dpq_spark.spark._fold import count_runs, run_starts
 from dpq_spark.spark._heap import trim_heap
 
-__all__ = ["pack_partition", "unpacked"]
+__all__ = ["KeyIndex", "pack_partition", "unpacked"]
 
 _PACK_ROWS = 1 << 20  # codes a map task sorts together before packing them
 
@@ -40,10 +40,11 @@ def pack_partition(batches, span: int, keys: pa.Array | None = None, shift: int 
 
     With ``keys`` (the public keys of one integral or plain string column, distinct, no null)
     each input row is instead a key and a grid index, and the code is made here: ``gid`` is the
-    key's place in ``keys`` (Arrow's ``index_in``, exact equality on these types, one hash table
-    per chunk), and a row whose key is not listed is dropped (a null key matches nothing). That
-    is the inner join with the key list, without the driver building and broadcasting it.
+    key's place in ``keys`` (:class:`KeyIndex`: exact equality on these types), and a row whose
+    key is not listed is dropped (a null key matches nothing). That is the inner join with the
+    key list, without the driver building and broadcasting it.
     """
+    index = None if keys is None else KeyIndex(keys)
     buffered, size = [], 0
     for batch in batches:
         if len(batch) == 0:
@@ -51,27 +52,71 @@ def pack_partition(batches, span: int, keys: pa.Array | None = None, shift: int 
         buffered.append(batch)
         size += len(batch)
         if size >= _PACK_ROWS:
-            yield from _packed_batches(buffered, span, keys, shift)
+            yield from _packed_batches(buffered, span, index, shift)
             buffered, size = [], 0
     if buffered:
-        yield from _packed_batches(buffered, span, keys, shift)
+        yield from _packed_batches(buffered, span, index, shift)
     del buffered
     trim_heap()  # the worker is reused (the reduce stage's task may be next): see _heap
 
 
-def _packed_batches(batches, span: int, keys, shift: int):
-    if keys is None:
+def _packed_batches(batches, span: int, index, shift: int):
+    if index is None:
         codes = [np.asarray(b.column(0), dtype=np.int64) for b in batches]
     else:
-        key = pa.concat_arrays([b.column(0) for b in batches])
-        index = pc.index_in(key, value_set=keys.cast(key.type))
-        listed = np.asarray(index.is_valid())
+        gid, listed = index.places(pa.concat_arrays([b.column(0) for b in batches]))
         cell = np.concatenate([np.asarray(b.column(1), dtype=np.int64) for b in batches])
-        gid = np.asarray(index.fill_null(0), dtype=np.int64)
         codes = [gid[listed] * span + cell[listed]]
         if codes[0].size == 0:
             return
     yield _packed(codes, span, shift)
+
+
+#: integral keys spanning at most this many values per key (plus _TABLE_SLACK) are looked up
+#: in a table indexed by the key, at most _TABLE_CELLS entries (8 bytes each)
+_TABLE_SPREAD = 4
+_TABLE_SLACK = 1 << 16
+_TABLE_CELLS = 1 << 24
+
+
+class KeyIndex:
+    """Each key's place in a list of distinct public keys (one integral or plain string
+    column, no null), for a column of data keys: ``places(column)`` gives ``(gid, listed)``,
+    the place of each row's key (0 where not listed) and whether it is listed (a null key is
+    not).
+
+    Signed integral keys whose range spans at most ``_TABLE_SPREAD`` values a key (plus
+    ``_TABLE_SLACK``, at most ``_TABLE_CELLS`` entries) are looked up in a table of every value
+    of that range, built once per partition: one gather per row. Others go through Arrow's
+    ``index_in``, which hashes the whole key list again for every chunk (for 1e6 keys, 135 ms
+    per chunk of 2**20 rows against about 10 ms for the table). Both give the same places:
+    exact equality of the values. The choice depends on the public keys only."""
+
+    def __init__(self, keys: pa.Array):
+        self.keys = keys
+        self.table = None
+        if len(keys) and pa.types.is_signed_integer(keys.type):
+            values = np.asarray(keys, dtype=np.int64)
+            low, high = int(values.min()), int(values.max())
+            cells = high - low + 1
+            if cells <= min(_TABLE_SPREAD * values.size + _TABLE_SLACK, _TABLE_CELLS):
+                self.low, self.high = low, high
+                self.table = np.full(cells, -1, dtype=np.int64)
+                self.table[values - low] = np.arange(values.size, dtype=np.int64)
+
+    def places(self, key: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        if self.table is None or not pa.types.is_signed_integer(key.type):
+            index = pc.index_in(key, value_set=self.keys.cast(key.type))
+            return np.asarray(index.fill_null(0), dtype=np.int64), np.asarray(index.is_valid())
+        values = np.asarray(key.fill_null(self.low), dtype=np.int64)
+        inside = (values >= self.low) & (values <= self.high)
+        # outside the range the offset would overflow for keys far from it: read the table at
+        # its first entry there, and let ``inside`` reject them
+        gid = self.table.take(np.where(inside, values, self.low) - self.low)
+        listed = inside & (gid >= 0)
+        if key.null_count:
+            listed &= np.asarray(key.is_valid())
+        return np.maximum(gid, 0), listed
 
 
 def _packed(buffered, span: int, shift: int) -> pa.RecordBatch:

@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 pytest.importorskip("pandas")
@@ -226,6 +227,40 @@ def test_packing_with_a_key_lookup_numbers_listed_keys_and_drops_the_rest(monkey
     want = np.sort(picks[kept].astype(np.int64) * (1 << 33) + k[kept])
     assert np.array_equal(got, want)
     assert all(_packing.unpacked(b)[1] is None for b in packed)  # distinct codes here
+
+
+@pytest.mark.parametrize("key_type", [pa.int8(), pa.int16(), pa.int32(), pa.int64()])
+def test_key_table_places_keys_as_index_in_does(key_type):
+    """KeyIndex's table (signed integral keys over a short range) gives every row the place
+    Arrow's index_in gives it: listed keys their place in the list, unlisted keys inside and
+    outside the range and null keys none, also keys at the ends of int64 (whose offset from
+    the range would overflow)."""
+    gen = np.random.default_rng(7)
+    info = np.iinfo(key_type.to_pandas_dtype())
+    listed = gen.permutation(np.arange(-50, 70))[:100]  # 100 of the 120 values of the range
+    index = _packing.KeyIndex(pa.array(listed, type=key_type))
+    assert index.table is not None and index.table.size == int(listed.max() - listed.min()) + 1
+    data = gen.integers(-60, 80, 4000).astype(object)
+    data[gen.integers(0, data.size, 300)] = None
+    data[:4] = [info.min, info.max, info.min + 1, int(listed.max()) + 1]
+    column = pa.array(data.tolist(), type=key_type)
+    gid, ok = index.places(column)
+    want = pc.index_in(column, value_set=pa.array(listed, type=key_type))
+    assert np.array_equal(ok, np.asarray(want.is_valid()))
+    assert np.array_equal(gid[ok], np.asarray(want.drop_null(), dtype=np.int64))
+    assert 0 < ok.sum() < data.size and not ok[:4].any()
+
+
+@pytest.mark.parametrize("keys", [[-2**63, 0, 2**63 - 1], ["b", "a", "c"]])
+def test_keys_off_the_table_take_index_in(keys):
+    """Keys spread over a range too wide for a table, and string keys, are looked up by
+    index_in: the same places, nulls and unlisted keys dropped."""
+    index = _packing.KeyIndex(pa.array(keys))
+    assert index.table is None
+    column = pa.array([keys[1], keys[2], None, keys[0], keys[1]] + ([5] if keys[1] == 0 else ["z"]))
+    gid, ok = index.places(column)
+    assert ok.tolist() == [True, True, False, True, True, False]
+    assert gid[ok].tolist() == [1, 2, 0, 1]
 
 
 def dlap_tail(k, scale):
