@@ -17,6 +17,11 @@ calls), and consumes its output batches. The child reports:
 * with ``--tracemalloc``, the peak of the allocations tracemalloc traces (numpy's included),
   which slows the run down; its times are then not comparable.
 
+``--workers N`` starts N children at once on the same partition, as an executor with N cores
+runs N Python workers side by side (Spark's ``local[2]`` runs two): they share the memory bus
+and the last-level cache, which a lone child has to itself. A measurement is then its slowest
+child's times and its largest peak RSS.
+
 ``--baseline PATH`` also runs a copy of the package (a directory holding ``dpq_spark``, or a
 git revision extracted with ``git archive``), alternating old and new children, so that both
 columns are measured under the same load. The load average is printed with the table.
@@ -26,6 +31,7 @@ Run it under ``nice`` on a shared machine:
     nice -n 10 .venv/bin/python benchmarks/bench_worker_memory.py --cases 500x10000 --mechanism joint_exp
     nice -n 10 .venv/bin/python benchmarks/bench_worker_memory.py --baseline HEAD --repeat 3
     nice -n 10 .venv/bin/python benchmarks/bench_worker_memory.py --no-bounds --cases 8000x1000
+    .venv/bin/python benchmarks/bench_worker_memory.py --cases 5000x1000 --workers 2 --repeat 5
 """
 
 from __future__ import annotations
@@ -100,13 +106,30 @@ CHILD = textwrap.dedent("""
 
 
 def _run(path: str, code: str, *args) -> str:
+    return _run_together(1, path, code, *args)[0]
+
+
+def _run_together(workers: int, path: str, code: str, *args) -> list:
+    """The last line each of ``workers`` children running ``code`` at once printed."""
     env = dict(os.environ, PYTHONPATH=path)
-    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env, cwd=path,
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"child failed:\n{done.stderr}")
-    lines = done.stdout.strip().splitlines()
-    return lines[-1] if lines else ""
+    children = [subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env,
+                                 cwd=path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(workers)]
+    lines = []
+    for child in children:
+        out, err = child.communicate()
+        if child.returncode:
+            raise RuntimeError(f"child failed:\n{err}")
+        out = out.strip().splitlines()
+        lines.append(out[-1] if out else "")
+    return lines
+
+
+def _slowest(lines: list) -> dict:
+    """One measurement of children run together: the slowest child's times, the largest RSS."""
+    runs = [json.loads(line) for line in lines]
+    slow = max(runs, key=lambda r: r["wall"])
+    return {**slow, "rss": max(r["rss"] for r in runs)}
 
 
 def _trees(baseline: str | None, tmp: str) -> dict:
@@ -149,9 +172,14 @@ def main() -> None:
     parser.add_argument("--no-bounds", action="store_true",
                         help="no bounds: each group buys private bounds (mechanism auto or "
                              "joint_exp)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="children run at once on the partition, as an executor's Python "
+                             "workers (the slowest child's times; default %(default)s)")
     parser.add_argument("--tracemalloc", action="store_true",
                         help="also report tracemalloc's peak (slower: times not comparable)")
     args = parser.parse_args()
+    if args.workers < 1:
+        raise SystemExit(f"--workers must be at least 1, got {args.workers}")
     cases = _parse_cases(args.cases)
     mechanisms = args.mechanism.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,15 +193,18 @@ def main() -> None:
             for groups, rows in cases:
                 for mech in mechanisms:
                     for label, path in trees.items():  # alternate old and new
-                        got = json.loads(_run(path, CHILD, files[groups, rows], mech, groups,
-                                              int(args.tracemalloc), int(args.no_bounds)))
+                        got = _slowest(_run_together(
+                            args.workers, path, CHILD, files[groups, rows], mech, groups,
+                            int(args.tracemalloc), int(args.no_bounds)))
                         old = best.setdefault((groups, rows, mech, label), got)
                         old["wall"] = min(old["wall"], got["wall"])
                         old["cpu"] = min(old["cpu"], got["cpu"])
                         old["rss"] = max(old["rss"], got["rss"])
     bounds = "no bounds" if args.no_bounds else "bounds +-100"
-    print(f"release_partition of one partition (deciles, eps 1, {bounds}, N(0, 5)); best "
-          f"wall time and CPU time per group of {args.repeat}, largest peak RSS (VmHWM); load average "
+    together = (f"; {args.workers} workers at once, each figure the slowest's"
+                if args.workers > 1 else "")
+    print(f"release_partition of one partition (deciles, eps 1, {bounds}, N(0, 5){together}); "
+          f"best wall time and CPU time per group of {args.repeat}, largest peak RSS (VmHWM); load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} at the end")
     header = f"{'groups x rows':<18}{'mechanism':<11}"
     for label in trees:
