@@ -17,9 +17,8 @@ worker (tests/spark/test_worker_imports.py).
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -196,6 +195,50 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 
 
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
+
+
+class Released(NamedTuple):
+    """Releases of some groups, in gid order: what the release paths below yield, a block of
+    groups at a time (one ``release_many`` call's, or one group's), so that the output batches
+    are built with array operations, not a Python step per group (500,000 groups: 0.45 s
+    against 0.03 s)."""
+
+    gids: np.ndarray  # int64, shape (G,)
+    values: np.ndarray  # float64, shape (G, m): each group's m values, in the order of quantiles
+    names: list  # each group's mechanism
+
+
+def _one(gid: int, values, name: str) -> Released:
+    """One group's release as a block."""
+    return Released(np.array([gid], dtype=np.int64),
+                    np.asarray(values, dtype=np.float64).reshape(1, -1), [name])
+
+
+def _joined(blocks: list) -> Released:
+    if len(blocks) == 1:
+        return blocks[0]
+    return Released(np.concatenate([b.gids for b in blocks]),
+                    np.concatenate([b.values for b in blocks]),
+                    [name for b in blocks for name in b.names])
+
+
+def output_blocks(released, size: int = _OUTPUT_GROUPS):
+    """The blocks of ``released`` (an iterable of :class:`Released`) re-cut into blocks of
+    ``size`` groups, in order (the last may hold fewer); a block's groups are copied once."""
+    held, rows = [], 0
+    for block in released:
+        at, n = 0, len(block.gids)
+        while at < n:
+            take = min(size - rows, n - at)
+            held.append(Released(block.gids[at:at + take], block.values[at:at + take],
+                                 block.names[at:at + take]))
+            rows += take
+            at += take
+            if rows == size:
+                yield _joined(held)
+                held, rows = [], 0
+    if rows:
+        yield _joined(held)
 _FREE_ENTRIES = 1 << 19  # bounds-free: (group, bucket) entries released together, at most
 _BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once per call)
 
@@ -356,7 +399,7 @@ def release_fine(k, counts, units, key_hash, params: ReleaseParams):
 
 
 def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
-    """Release every group of a finished fold: ``(gid, values, name)`` in gid order (dropped
+    """Release every group of a finished fold: :class:`Released` blocks in gid order (dropped
     groups left out), a slice of whole groups at a time (:meth:`Fold.slices`), so that the
     groups of a fold with sorted runs are released as the merge completes them."""
     if fold.spilled:
@@ -367,19 +410,19 @@ def _release_fold(fold: Fold, params: ReleaseParams, units_of, hash_of):
         gids, starts, ends = part.groups()
         index, counts = part.arrays()
         if _batchable(params):
-            yield from _release_batch(gids.tolist(), starts, ends, index, counts, params)
+            yield from _release_batch(gids, starts, ends, index, counts, params)
         else:
             for gid, a, b in zip(gids.tolist(), starts, ends):
                 got = release_fine(index[a:b], counts[a:b], units_of(gid), hash_of(gid), params)
                 if got is not None:
-                    yield gid, *got
+                    yield _one(gid, *got)
         # this slice's arrays are not kept while the fold cuts the next one
         del part, gids, starts, ends, index, counts
 
 
 def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
-    """:func:`_release_fold` of a fold spilled to coarse counts: ``[(gid, values, name)]``.
-    Never on a declared grid (:func:`new_fold`)."""
+    """:func:`_release_fold` of a fold spilled to coarse counts: a list of at most one
+    :class:`Released` block. Never on a declared grid (:func:`new_fold`)."""
     if params.granularity is not None:
         raise RuntimeError("dp_quantiles: a fold spilled on a declared grid (a bug: please "
                            "report it)")
@@ -421,7 +464,10 @@ def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
             values = _joint_exp_many([g[1:] for g in groups], eps, params)
             out += [(g[0], row, "joint_exp") for g, row in zip(groups, values)]
         out.sort(key=lambda t: t[0])
-    return out
+    return [_one(*out[0])] if len(out) == 1 else (
+        [Released(np.array([g for g, _, _ in out], dtype=np.int64),
+                  np.array([v for _, v, _ in out], dtype=np.float64),
+                  [name for _, _, name in out])] if out else [])
 
 
 def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:
@@ -463,8 +509,10 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
     with exactly the distribution :func:`release_fine` gives it (the noisy count and choice of
     ``"auto"``, JointExp/IndExp on the exact grid indices, ApproxQuantiles/AggTree on coarse
     cells), at a per-group cost of tens of microseconds instead of milliseconds. A generator of
-    ``(gid, values, name)``: one batch's releases are alive at a time, not a slice's."""
+    :class:`Released` blocks, one a batch: one batch's releases are alive at a time, not a
+    slice's."""
     q = np.asarray(params.quantiles, dtype=np.float64)
+    gids = np.asarray(gids, dtype=np.int64)
     starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
     if not np.array_equal(starts[1:], ends[:-1]):
         raise RuntimeError("dp_quantiles: the fold's groups are not contiguous (a bug: please "
@@ -478,7 +526,7 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
                            upper=params.upper, neighboring=params.neighboring,
                            mechanism=params.mechanism, grid_indices=True, coarse_cells=True,
                            granularity=params.granularity)
-        yield from zip(gids[lo:hi], got.values, got.mechanisms)
+        yield Released(gids[lo:hi], got.values, list(got.mechanisms))
 
 
 def new_fold(params: ReleaseParams) -> Fold:
@@ -508,8 +556,8 @@ def _with_fold(body, batches, params: ReleaseParams):
 
 
 def _release_sink(fold: Fold, params: ReleaseParams, units_of, hash_of):
-    """Release every group a finished partition put in ``fold``: ``(gid, values, name)`` in gid
-    order, as an iterable."""
+    """Release every group a finished partition put in ``fold``: :class:`Released` blocks in
+    gid order, as an iterable."""
     fold.finish()
     if not params.bounds_free:
         return _release_fold(fold, params, units_of, hash_of)
@@ -560,15 +608,15 @@ def _release_partition(batches, params: ReleaseParams, sink):
     def units_of(gid):
         return None
 
-    released = iter(_release_sink(sink, params, units_of, hash_of))
     m = len(params.quantiles)
-    while part := list(itertools.islice(released, _OUTPUT_GROUPS)):
-        values = pa.array(np.concatenate([v for _, v, _ in part]), type=pa.float64())
+    for part in output_blocks(_release_sink(sink, params, units_of, hash_of)):
+        g = len(part.gids)
+        values = pa.array(np.ravel(part.values), type=pa.float64())
         yield pa.RecordBatch.from_arrays(
-            [pa.array(np.asarray([g for g, _, _ in part], np.int64)),
-             pa.ListArray.from_arrays(pa.array(np.arange(0, m * len(part) + 1, m, dtype=np.int32)),
+            [pa.array(part.gids, type=pa.int64()),
+             pa.ListArray.from_arrays(pa.array(np.arange(0, m * g + 1, m, dtype=np.int32)),
                                       values),
-             pa.array([n for _, _, n in part], type=pa.string())],
+             pa.array(part.names, type=pa.string())],
             names=[GID, "value", MECHANISM])
 
 
@@ -577,7 +625,7 @@ def _release_buckets(part: Fold, params: ReleaseParams, units_of, hash_of):
     bucket`` codes (a slice of whole groups) from its (bucket, count) pairs, each as
     :func:`release_values` releases it; with production randomness and public keys, by
     :func:`~dpq_spark.core.quantiles.batch_private_bounds.release_many_private_bounds` (the
-    JointExp draws of many groups together). Yields ``(gid, values, name)`` as the groups are
+    JointExp draws of many groups together). Yields :class:`Released` blocks as the groups are
     released, so that only the groups of the current chunk are held, not the slice's."""
     gids, starts, ends = part.groups()
     cells, counts = part.arrays()  # each code's bucket, and its count
@@ -593,13 +641,13 @@ def _release_buckets(part: Fold, params: ReleaseParams, units_of, hash_of):
                 np.asarray(params.quantiles, dtype=np.float64), epsilon=params.epsilon,
                 neighboring=params.neighboring, mechanism=params.mechanism,
                 bounds_share=params.bounds_share, granularity=params.granularity, source=source)
-            yield from zip(gids[a:b].tolist(), got.values, got.mechanisms)
+            yield Released(gids[a:b].astype(np.int64), got.values, list(got.mechanisms))
             a = b
         return
     for gid, x, y in zip(gids.tolist(), starts.tolist(), ends.tolist()):
         got = release_values(cells[x:y], counts[x:y], units_of(gid), hash_of(gid), params)
         if got is not None:
-            yield (gid, *got)
+            yield _one(gid, *got)
 
 
 def _frame(keys: dict, params: ReleaseParams, values: np.ndarray, mechanism: str) -> pd.DataFrame:
@@ -653,17 +701,16 @@ def _release_keyed(batches, params: ReleaseParams, sink):
     else:
         def hash_of(gid):
             return 0
-    released = iter(_release_sink(sink, params, units_of, hash_of))
     keys = None
     q = np.asarray(params.quantiles, dtype=np.float64)
-    while part := list(itertools.islice(released, _OUTPUT_GROUPS)):
+    for part in output_blocks(_release_sink(sink, params, units_of, hash_of)):
         if keys is None:
             keys = index.table()
-        take = np.concatenate([np.full(len(v), g, dtype=np.int64) for g, v, _ in part])
-        picked = keys.take(pa.array(take, type=pa.int64()))
+        g, m = part.values.shape
+        picked = keys.take(pa.array(np.repeat(part.gids, m), type=pa.int64()))
         arrays = [picked.column(k).combine_chunks() for k in params.keys]
-        arrays += [pa.array(np.concatenate([q[:len(v)] for _, v, _ in part]), type=pa.float64()),
-                   pa.array(np.concatenate([v for _, v, _ in part]), type=pa.float64()),
-                   pa.array([n for _, v, n in part for _ in range(len(v))], type=pa.string())]
+        arrays += [pa.array(np.tile(q[:m], g), type=pa.float64()),
+                   pa.array(np.ravel(part.values), type=pa.float64()),
+                   pa.array(np.repeat(np.array(part.names, dtype=object), m), type=pa.string())]
         yield pa.RecordBatch.from_arrays(arrays, names=[*params.keys, "quantile", "value",
                                                         MECHANISM])

@@ -386,9 +386,29 @@ def _fold_of(groups):
     return fold
 
 
+def test_output_blocks_recut_releases_in_order():
+    """output_blocks cuts blocks of any sizes (one group, several, none) into blocks of the
+    given size, the last smaller, keeping every group's values and name in order."""
+    gen = np.random.default_rng(8)
+    sizes = [1, 0, 7, 1, 1, 30, 2, 0, 13]
+    blocks, at = [], 0
+    for n in sizes:
+        blocks.append(_release.Released(np.arange(at, at + n, dtype=np.int64),
+                                        gen.random((n, 3)), [f"m{g}" for g in range(at, at + n)]))
+        at += n
+    got = list(_release.output_blocks(iter(blocks), 8))
+    assert [len(b.gids) for b in got] == [8] * 6 + [at - 48]
+    assert np.concatenate([b.gids for b in got]).tolist() == list(range(at))
+    assert np.array_equal(np.concatenate([b.values for b in got]),
+                          np.concatenate([b.values for b in blocks]))
+    assert [n for b in got for n in b.names] == [f"m{g}" for g in range(at)]
+    assert list(_release.output_blocks(iter([]), 8)) == []
+
+
 def _fold_release(fold, params):
-    return {g: (v.tolist(), name) for g, v, name in
-            _release._release_fold(fold, params, lambda gid: None, lambda gid: gid)}
+    return {g: (v.tolist(), name)
+            for block in _release._release_fold(fold, params, lambda gid: None, lambda gid: gid)
+            for g, v, name in zip(block.gids.tolist(), block.values, block.names)}
 
 
 @pytest.mark.parametrize("mechanism", ["auto", "joint_exp", "ind_exp", "approx_quantiles",
