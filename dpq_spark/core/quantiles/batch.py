@@ -98,7 +98,7 @@ from dpq_spark.core.quantiles.coarse_bands import (
     mechanism_band,
 )
 from dpq_spark.core.randomness import grid as _grid_module
-from dpq_spark.core.quantiles.coarse_spread import spread_groups, spreads
+from dpq_spark.core.quantiles.coarse_spread import spread_groups, spreads_many
 from dpq_spark.core._validation import check_counts, check_epsilon, check_positive_int, check_quantiles, check_values
 from dpq_spark.core.quantiles.agg_tree import _MAX_LEAVES, HISTOGRAM_BINS, honaker_variances, leaf_index, node_variance
 from dpq_spark.core.quantiles.approx_quantiles import _sample_indices as _approx_sample
@@ -322,12 +322,11 @@ def release_many(groups, quantiles, *, epsilon, lower, upper, neighboring="add_r
         return BatchRelease(values, names)
     if snapped is None:
         snapped = grid.snap(x)
-    by_name: dict[str, list[int]] = {}
-    for g, name in enumerate(names):
-        if (coarse_cells and n_used is not None
-                and spreads(name, granularity is not None, n_used[g])):
-            name = _SPREAD  # ApproxQuantiles on random sub-cells (coarse_spread)
-        by_name.setdefault(name, []).append(g)
+    keys = np.array(names, dtype=object)
+    if coarse_cells:  # ApproxQuantiles on random sub-cells (coarse_spread)
+        keys[spreads_many(keys, granularity is not None, n_used)] = _SPREAD
+    # each mechanism's groups, the mechanisms in the order of their first group
+    by_name = {name: np.flatnonzero(keys == name) for name in dict.fromkeys(keys.tolist())}
     coarse_x = coarse_k = None
     if coarse_cells and any(name in _COARSE_MECHANISMS for name in by_name):
         shift = grid_coarse_shift(grid.steps, granularity is not None)

@@ -311,13 +311,11 @@ def plan_auto_many(m: int, totals: np.ndarray, *, epsilon: float, neighboring, s
         quantile_eps = rest * (1.0 - share)
     else:
         quantile_eps = rest
-    chosen: dict[float, str] = {}  # the rule once per distinct count
-    names = []
-    for n in n_used.tolist():
-        if n not in chosen:
-            chosen[n] = choose_mechanism(int(m), n=n, epsilon=quantile_eps, grid_size=grid_size,
-                                         granularity=granularity)
-        names.append(chosen[n])
+    # the rule once per distinct count
+    distinct, at = np.unique(n_used, return_inverse=True)
+    rule = [choose_mechanism(int(m), n=n, epsilon=quantile_eps, grid_size=grid_size,
+                             granularity=granularity) for n in distinct.tolist()]
+    names = np.array(rule, dtype=object)[np.reshape(at, -1)].tolist() if rule else []
     return names, rest, n_used
 
 

@@ -65,8 +65,18 @@ def spreads(name: str, declared: bool, n_used) -> bool:
     """Whether a group's rows go to random sub-cells: ApproxQuantiles on the default grid
     (``declared`` False) with a public row count ``n_used`` (auto's; None when the mechanism was
     named) of at most ``SPREAD_MAX_ROWS``. Public: a function of public quantities only."""
-    return (name == "approx_quantiles" and not declared and n_used is not None
-            and int(n_used) <= SPREAD_MAX_ROWS)
+    return bool(spreads_many([name], declared, None if n_used is None else [n_used])[0])
+
+
+def spreads_many(names, declared: bool, n_used) -> np.ndarray:
+    """:func:`spreads` of many groups at once: ``names`` and ``n_used`` (or None) one per group;
+    a boolean array."""
+    names = np.asarray(names, dtype=object)
+    if declared or n_used is None:
+        return np.zeros(names.size, dtype=bool)
+    # the integer part of the public count, as int() takes it (counts are never negative)
+    return (names == "approx_quantiles") & (np.floor(np.asarray(n_used, dtype=np.float64))
+                                            <= SPREAD_MAX_ROWS)
 
 
 def spread_in_cells(cells, counts, steps: int, shift: int, source, bits: int = SUB_CELL_BITS):

@@ -136,6 +136,15 @@ def test_spread_only_with_a_public_count_of_at_most_2_to_the_20(monkeypatch):
     assert not coarse_spread.spreads("joint_exp", False, 10)
     assert coarse_spread.spreads("approx_quantiles", False, coarse_spread.SPREAD_MAX_ROWS)
     assert not coarse_spread.spreads("approx_quantiles", False, coarse_spread.SPREAD_MAX_ROWS + 1)
+    top = coarse_spread.SPREAD_MAX_ROWS
+    names = ["approx_quantiles", "joint_exp", "approx_quantiles", "approx_quantiles", "agg_tree"]
+    counts = [top + 0.5, 10.0, top + 1.0, 0.0, 3.0]  # the integer part counts, as int() takes it
+    assert coarse_spread.spreads_many(names, False, counts).tolist() == [True, False, False, True,
+                                                                         False]
+    assert coarse_spread.spreads_many(names, False, counts).tolist() == [
+        coarse_spread.spreads(a, False, b) for a, b in zip(names, counts)]
+    assert not coarse_spread.spreads_many(names, True, counts).any()
+    assert not coarse_spread.spreads_many(names, False, None).any()
     monkeypatch.setattr(batch, "_SPREAD_ENTRIES", 3)
     assert np.all(_one_cell_quartiles(reps=5, groups=4) < 2e9 / 2**20)
     monkeypatch.setattr(coarse_spread, "SPREAD_MAX_ROWS", 500)  # below the noisy 1,000
