@@ -204,8 +204,8 @@ def main() -> None:
     together = (f"; {args.workers} workers at once, each figure the slowest's"
                 if args.workers > 1 else "")
     print(f"release_partition of one partition (deciles, eps 1, {bounds}, N(0, 5){together}); "
-          f"best wall time and CPU time per group of {args.repeat}, largest peak RSS (VmHWM); load average "
-          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} at the end")
+          f"best wall time and CPU time per group of {args.repeat}, largest peak RSS (VmHWM); "
+          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} at the end")
     header = f"{'groups x rows':<18}{'mechanism':<11}"
     for label in trees:
         header += f" | {label[:34]:<34}"

@@ -14,7 +14,7 @@ from dpq_spark.spark._columns import BUCKET, CODES, COUNTS
 from dpq_spark.spark._fold import count_runs, run_starts
 from dpq_spark.spark._heap import trim_heap
 
-__all__ = ["KeyIndex", "pack_partition", "unpacked"]
+__all__ = ["KeyLookup", "pack_partition", "unpacked"]
 
 _PACK_ROWS = 1 << 20  # codes a map task sorts together before packing them
 
@@ -40,11 +40,11 @@ def pack_partition(batches, span: int, keys: pa.Array | None = None, shift: int 
 
     With ``keys`` (the public keys of one integral or plain string column, distinct, no null)
     each input row is instead a key and a grid index, and the code is made here: ``gid`` is the
-    key's place in ``keys`` (:class:`KeyIndex`: exact equality on these types), and a row whose
+    key's place in ``keys`` (:class:`KeyLookup`: exact equality on these types), and a row whose
     key is not listed is dropped (a null key matches nothing). That is the inner join with the
     key list, without the driver building and broadcasting it.
     """
-    index = None if keys is None else KeyIndex(keys)
+    index = None if keys is None else KeyLookup(keys)
     buffered, size = [], 0
     for batch in batches:
         if len(batch) == 0:
@@ -79,7 +79,7 @@ _TABLE_SLACK = 1 << 16
 _TABLE_CELLS = 1 << 24
 
 
-class KeyIndex:
+class KeyLookup:
     """Each key's place in a list of distinct public keys (one integral or plain string
     column, no null), for a column of data keys: ``places(column)`` gives ``(gid, listed)``,
     the place of each row's key (0 where not listed) and whether it is listed (a null key is

@@ -195,13 +195,16 @@ def release_values(cells: np.ndarray, counts: np.ndarray, units, key_hash,
 
 
 _OUTPUT_GROUPS = 512  # groups per yielded output batch
+_FREE_ENTRIES = 1 << 19  # bounds-free: (group, bucket) entries released together, at most
+_BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once per call)
 
 
 class Released(NamedTuple):
     """Releases of some groups, in gid order: what the release paths below yield, a block of
     groups at a time (one ``release_many`` call's, or one group's), so that the output batches
-    are built with array operations, not a Python step per group (500,000 groups: 0.45 s
-    against 0.03 s)."""
+    are built with array operations, not a Python step per group (one partition of 500,000
+    groups of 10 rows: 0.25-0.28 s of CPU outside ``release_many`` against 0.46-0.53 s with a
+    tuple a group)."""
 
     gids: np.ndarray  # int64, shape (G,)
     values: np.ndarray  # float64, shape (G, m): each group's m values, in the order of quantiles
@@ -239,8 +242,6 @@ def output_blocks(released, size: int = _OUTPUT_GROUPS):
                 held, rows = [], 0
     if rows:
         yield _joined(held)
-_FREE_ENTRIES = 1 << 19  # bounds-free: (group, bucket) entries released together, at most
-_BATCH_GROUPS = 16384  # groups per release_many call (its fixed costs paid once per call)
 
 
 def _grid(params: ReleaseParams) -> Grid:
@@ -464,10 +465,11 @@ def _release_spilled(fold: Fold, params: ReleaseParams, units_of, hash_of):
             values = _joint_exp_many([g[1:] for g in groups], eps, params)
             out += [(g[0], row, "joint_exp") for g, row in zip(groups, values)]
         out.sort(key=lambda t: t[0])
-    return [_one(*out[0])] if len(out) == 1 else (
-        [Released(np.array([g for g, _, _ in out], dtype=np.int64),
-                  np.array([v for _, v, _ in out], dtype=np.float64),
-                  [name for _, _, name in out])] if out else [])
+    if not out:
+        return []
+    return [Released(np.array([g for g, _, _ in out], dtype=np.int64),
+                     np.array([v for _, v, _ in out], dtype=np.float64),
+                     [name for _, _, name in out])]
 
 
 def _joint_exp_many(groups, epsilon, params: ReleaseParams) -> np.ndarray:

@@ -231,14 +231,14 @@ def test_packing_with_a_key_lookup_numbers_listed_keys_and_drops_the_rest(monkey
 
 @pytest.mark.parametrize("key_type", [pa.int8(), pa.int16(), pa.int32(), pa.int64()])
 def test_key_table_places_keys_as_index_in_does(key_type):
-    """KeyIndex's table (signed integral keys over a short range) gives every row the place
+    """KeyLookup's table (signed integral keys over a short range) gives every row the place
     Arrow's index_in gives it: listed keys their place in the list, unlisted keys inside and
     outside the range and null keys none, also keys at the ends of int64 (whose offset from
     the range would overflow)."""
     gen = np.random.default_rng(7)
     info = np.iinfo(key_type.to_pandas_dtype())
     listed = gen.permutation(np.arange(-50, 70))[:100]  # 100 of the 120 values of the range
-    index = _packing.KeyIndex(pa.array(listed, type=key_type))
+    index = _packing.KeyLookup(pa.array(listed, type=key_type))
     assert index.table is not None and index.table.size == int(listed.max() - listed.min()) + 1
     data = gen.integers(-60, 80, 4000).astype(object)
     data[gen.integers(0, data.size, 300)] = None
@@ -255,7 +255,7 @@ def test_key_table_places_keys_as_index_in_does(key_type):
 def test_keys_off_the_table_take_index_in(keys):
     """Keys spread over a range too wide for a table, and string keys, are looked up by
     index_in: the same places, nulls and unlisted keys dropped."""
-    index = _packing.KeyIndex(pa.array(keys))
+    index = _packing.KeyLookup(pa.array(keys))
     assert index.table is None
     column = pa.array([keys[1], keys[2], None, keys[0], keys[1]] + ([5] if keys[1] == 0 else ["z"]))
     gid, ok = index.places(column)
