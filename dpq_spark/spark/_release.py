@@ -643,7 +643,7 @@ def _release_buckets(part: Fold, params: ReleaseParams, units_of, hash_of):
                 np.asarray(params.quantiles, dtype=np.float64), epsilon=params.epsilon,
                 neighboring=params.neighboring, mechanism=params.mechanism,
                 bounds_share=params.bounds_share, granularity=params.granularity, source=source)
-            yield Released(gids[a:b].astype(np.int64), got.values, list(got.mechanisms))
+            yield Released(gids[a:b], got.values, list(got.mechanisms))
             a = b
         return
     for gid, x, y in zip(gids.tolist(), starts.tolist(), ends.tolist()):

@@ -570,11 +570,11 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         # public keys without rows, released from empty data on the driver in batches (the
         # distribution of the per-key path below; production randomness only)
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
-        got = list(_release._release_batch(missing, [0] * missing.size, [0] * missing.size,
-                                           *empty, params))
+        got = _release._joined(list(_release._release_batch(
+            missing, [0] * missing.size, [0] * missing.size, *empty, params)))
         gids.append(missing)
-        values.append(np.concatenate([np.ravel(b.values) for b in got]))
-        names.append(pa.array([n for b in got for n in b.names], type=pa.string()))
+        values.append(np.ravel(got.values))
+        names.append(pa.array(got.names, type=pa.string()))
         missing = missing[:0]
     for gid in missing:  # public keys without rows: released from empty data on the driver
         empty = pd.DataFrame({GID: [int(gid)], CELL: [-1], COUNT: [0], KEY_HASH: [hashes[gid]]})

@@ -315,7 +315,7 @@ def plan_auto_many(m: int, totals: np.ndarray, *, epsilon: float, neighboring, s
     distinct, at = np.unique(n_used, return_inverse=True)
     rule = [choose_mechanism(int(m), n=n, epsilon=quantile_eps, grid_size=grid_size,
                              granularity=granularity) for n in distinct.tolist()]
-    names = np.array(rule, dtype=object)[np.reshape(at, -1)].tolist() if rule else []
+    names = np.array(rule, dtype=object)[np.reshape(at, -1)].tolist()
     return names, rest, n_used
 
 
