@@ -39,27 +39,33 @@ brute force with groups interleaved in one call, and the dense tables against th
 (iii) Rounding. Flat pass: as in :mod:`~dpq_spark.core.quantiles.joint_exp`, plus a scan's
 linear-space partial sum over a row of at most 512 positive terms (relative error below
 ``2**-44``, less than one operation's ``2**-52 M`` as ``M >= 800``). Dense pass, per step and
-log weight: the ``exp`` of each source (its argument's error is the source's own, carried), at
-most three factors ``exp(+-c r)``, ``exp(+-c t)`` (``r`` a rank minus the smallest the step
-reads, exact) with arguments at most 350 in magnitude (relative error ``<= 351 * 2**-52`` each),
-a sum of at most ``_DENSE_WIDTH = 16,384`` positive terms (prefix, in-block prefix and suffix
-sums, each added in order: relative ``<= 16384 * 2**-53``), at most six more roundings on
-either path to the sum (products, a quotient, additions of positive numbers), then one ``log``
-and one addition.
-Before the ``log`` that is a relative error below ``(1060 + 8192) 2**-52``, an absolute one
-below ``11.6 * 2**-52 M`` after it as ``M >= 800``: with the ``log`` and the addition, fewer
-than 13 of the 16 operations counted below. With the
+log weight: each source, ``exp(S_{j-1})`` up to its scale, taken as the previous step's
+linear-space run sum (its error is the source's own, carried) times ``exp(H - shift)`` with
+``|H - shift| <= 650`` (relative error ``<= 652 * 2**-52``, the product included); at most three
+factors ``exp(c r)``, ``1 / exp(c r)``, ``exp(+-c t)`` (``r`` a rank minus the smallest the step
+reads, exact) with arguments at most 350 in magnitude (relative error ``<= 352 * 2**-52``
+each); a sum of at most ``_DENSE_WIDTH = 16,384`` positive terms (prefix, in-block prefix and
+suffix sums, each added in order: relative ``<= 16384 * 2**-53``); at most six more roundings
+on either path to the sum (products, a quotient, additions of positive numbers); then one
+``log`` and one addition.
+Before the ``log`` that is a relative error below ``(1714 + 8192) 2**-52``, an absolute one
+below ``12.4 * 2**-52 M`` after it as ``M >= 800``: with the ``log`` and the addition, fewer
+than 14 of the 16 operations counted below. With the
 guards no number is subnormal, so these relative bounds hold for every entry, the smallest
 included. Both passes' run sums are ``H + log(sum_k exp(x_k - H))`` over at most m terms, each
-``x_k`` a few additions of numbers of magnitude at most ``M``, ``log R_k`` a sum of at most m
-logs. Counting, per step, 16 operations on magnitude ``M`` for the kernel sums and ``m`` for the
-run sum, every log weight's absolute error is at most ``gamma_many = m (m + 16) 2**-52 M``
-(first-order, not machine-checked), in place of joint_exp's ``16 m 2**-52 M``; then
-``theta = 4 m (gamma_many + 2**-52)`` and ``eta = 2 theta``, ``delta`` unchanged. Examples
-(epsilon 1, default grid): n = 1e6, m = 9 (c = 0.28, ``M = 8.3e5``): ``gamma_many = 4.2e-8``,
-``eta = 3.0e-6``; n = 1e6, m = 30: ``eta = 5.7e-5``; the dense pass only runs where
-every step has ``c t_j <= 350``: for deciles ``c n <= 3,500`` (``M <= 11,500``: ``eta <= 4.2e-8``
-there). Each group's release is thus
+``x_k`` a few additions of numbers of magnitude at most ``M`` (the dense pass keeps
+``exp(x_k - H)`` in linear space: the stored ``exp`` of an earlier ``A``, itself
+``exp(A - H') exp(H' - shift')`` with both arguments at most 650 in magnitude, times a
+per-row factor and ``R_k``, each within ``2**-52 M`` relative), ``log R_k`` a sum of at most m
+logs (dense: ``R_k`` a product of at most ``m - 1`` ratios, relative error below
+``m 2**-52``). Counting, per step, 16 operations on magnitude ``M`` for the kernel sums and
+``m`` for the run sum, every log weight's absolute error is at most
+``gamma_many = m (m + 16) 2**-52 M`` (first-order, not machine-checked), in place of
+joint_exp's ``16 m 2**-52 M``; then ``theta = 4 m (gamma_many + 2**-52)`` and
+``eta = 2 theta``, ``delta`` unchanged. Examples (epsilon 1, default grid): n = 1e6, m = 9
+(c = 0.28, ``M = 8.3e5``): ``gamma_many = 4.2e-8``, ``eta = 3.0e-6``; n = 1e6, m = 30:
+``eta = 5.7e-5``; the dense pass only runs where every step has ``c t_j <= 350``: for deciles
+``c n <= 3,500`` (``M <= 11,500``: ``eta <= 4.2e-8`` there). Each group's release is thus
 ``(epsilon + eta, delta)``-DP with those ``eta`` and ``delta``, and the groups' draws are
 independent.
 
@@ -686,7 +692,8 @@ class _Dense:
     Step j works on the columns of bands j - 1 and j only (a slice common to the rows: outside
     a row's own bands its sources are exact zeros and its receivers are not read, so no number
     of a row depends on the slice). A step's kernel sums are linear-space sums: with
-    ``e = exp(S_{j-1})`` (at most 1: the group's largest is 0), ``r = p - p_0`` (``p_0`` the
+    ``e = exp(S_{j-1})`` (at most 1: the group's largest is 0; kept from the previous step's
+    run sum in linear space, never the ``exp`` of its ``log``), ``r = p - p_0`` (``p_0`` the
     smallest rank of the row's bands j - 1 and j), ``u = e exp(c r)`` and ``v = e exp(-c r)``,
 
     * causal part (``p' <= T = p - t``): ``exp(-c (T - p_0)) * cumsum(u)`` read at the last
@@ -870,20 +877,19 @@ class _Dense:
         kmax = int((j_ - jp_).max(initial=0)) + 1
         row_kmax = (np.arange(m)[None, :, None] - np.arange(m)[None, None, :]) * self.overlap
         row_kmax = row_kmax.reshape(G, -1).max(axis=1) + 1
-        # R_k(w) = C(w + k - 1, k) / w, linear: log R_k summed left to right, then one exp; only
-        # the run lengths some row's bands allow
-        log_r = np.zeros((kmax, G, W))
+        # R_k(w) = C(w + k - 1, k) / w = R_{k-1}(w) (w + k - 1) / k, in linear space, only the
+        # run lengths some row's bands allow (a refused row's may overflow: it is not read)
+        self.R = R = np.ones((kmax, G, W))
         for k in range(2, kmax + 1):
-            np.add(log_r[k - 2], np.log(w + (k - 1.0)) - math.log(k), out=log_r[k - 1])
-        self.top_r = log_r.max(axis=2).T  # (G, kmax): the largest log R_k of each row
+            np.multiply(R[k - 2], (w + (k - 1.0)) / k, out=R[k - 1])
+        self.top_r = np.log(R.max(axis=2)).T  # (G, kmax): the largest log R_k of each row
         ok &= self.top_r[np.arange(G), row_kmax - 1] <= _DENSE_SOURCES
-        self.R = np.exp(log_r, out=log_r)
         self._windows()
         return ok
 
-    def _kernel(self, j, s_prev, at, ok):
-        """Step j's kernel sums on its receivers' columns, from ``s_prev`` (S_{j-1} minus its
-        scale on the columns from ``at``); updates the source guard in ``ok``."""
+    def _kernel(self, j, e_prev, at, ok):
+        """Step j's kernel sums on its receivers' columns, from ``e_prev`` (``exp`` of S_{j-1}
+        minus its scale, on the columns from ``at``); updates the source guard in ``ok``."""
         fw, c = self.fw, self.fw.c
         first, end = self.first, self.end
         r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())  # the receivers' columns
@@ -893,14 +899,15 @@ class _Dense:
         e0 = int(max(end[:, j - 2].max(), r1))  # every source and window start lies in [s0, e0)
         e = self.e[:, s0:e0]
         e.fill(0.0)
-        src = np.exp(s_prev, out=e[:, at - s0:at - s0 + s_prev.shape[1]])
+        src = e[:, at - s0:at - s0 + e_prev.shape[1]]
+        src[...] = e_prev
         ok &= np.where(src > 0.0, src, 1.0).min(axis=1) >= _MIN_SOURCE
         x = np.subtract(self.P[:, s0:e0], self.p0[:, j - 2, None])
         np.maximum(x, 0.0, out=x)
         np.minimum(x, self.span[:, j - 2, None], out=x)
         x *= c
         Ep = np.exp(x)
-        Em = np.exp(np.negative(x, out=x), out=x)
+        Em = np.reciprocal(Ep, out=x)  # exp(-c r), r >= 0: Ep is at least 1
         causal = self.causal
         causal[:, s0] = 0.0
         np.cumsum(np.multiply(e, Ep, out=self.tmp[:, s0:e0]), axis=1, out=causal[:, s0 + 1:e0 + 1])
@@ -924,8 +931,9 @@ class _Dense:
         return part
 
     def _run_sum(self, j, a, band, r0, ok):
-        """``(S_j, low)``: S_j minus nu_{j-1} on band j (columns from ``r0``) and each row's
-        smallest finite A_j, from A_j there (``a``) and the stored exp of the earlier A: the sum
+        """``(S_j, low, exp(A_j - H), exp(S_j - H), H)``: S_j minus nu_{j-1} on band j (columns
+        from ``r0``), each row's smallest finite A_j, and the scale H with the two linear
+        tables under it, from A_j there (``a``) and the stored exp of the earlier A: the sum
         over k of A_{j-k+1} R_k prod phi(0), in linear space under a per-row scale H (every term
         <= 1), H and the guards seeing only the run lengths the row's own bands allow (a row's
         other terms get the factor 0); guard: every term >= exp(-_DENSE_SOURCES - 350)."""
@@ -945,7 +953,8 @@ class _Dense:
         low = np.min([a_low] + [np.where(use, self.a_min[:, j - k] + off, np.inf)
                                 for k, off, use in terms], axis=0)
         ok &= low - H >= -_DENSE_SOURCES - _DENSE_SPAN
-        total = np.exp(a - H[:, None])
+        lin_a = np.exp(a - H[:, None])
+        total = lin_a.copy()
         r1 = r0 + a.shape[1]
         for k, off, use in terms:
             q0, lin = self.a_lin[j - k]  # exp A_{j-k+1} on the columns from q0, 0 outside its band
@@ -953,7 +962,8 @@ class _Dense:
             if x1 > x0:  # elsewhere band j - k + 1 of no row meets band j: the terms are 0
                 scale = np.exp(np.where(use, off - H, -np.inf))[:, None]
                 total[:, x0 - r0:x1 - r0] += lin[:, x0 - q0:x1 - q0] * scale * self.R[k - 1, :, x0:x1]
-        return np.where(band, np.log(total) + H[:, None], -np.inf), a_low
+        total[~band] = 0.0
+        return np.where(band, np.log(total) + H[:, None], -np.inf), a_low, lin_a, total, H
 
     def _run(self) -> np.ndarray:
         fw = self.fw
@@ -971,7 +981,7 @@ class _Dense:
         self.a_min = np.zeros((G, m))  # the smallest finite entry of each A_j row
         self.any_overlap = self.overlap.any(axis=0)
         nu = fw.nu  # filled in place
-        s_prev, at = None, 0  # S_{j-1} minus nu_{j-1} on the columns from `at`
+        e_prev, at = None, 0  # exp(S_{j-1} minus nu_{j-1}) on the columns from `at`
         for j in range(1, m + 1):
             r0, r1 = int(first[:, j - 1].min()), int(end[:, j - 1].max())
             col = self.col[r0:r1]
@@ -980,10 +990,10 @@ class _Dense:
                 a = np.where(band, L[:, r0:r1] - c * np.abs(P[:, r0:r1] - fw.targets[:, :1]), -np.inf)
                 nu_a = np.zeros(G)
             else:
-                a = np.where(band, L[:, r0:r1] + np.log(self._kernel(j, s_prev, at, ok)), -np.inf)
+                a = np.where(band, L[:, r0:r1] + np.log(self._kernel(j, e_prev, at, ok)), -np.inf)
                 nu_a = nu[:, j - 2]
             nu[:, j - 1] = nu_a
-            s, a_low = self._run_sum(j, a, band, r0, ok)
+            s, a_low, lin_a, total, H = self._run_sum(j, a, band, r0, ok)
             shift = s.max(axis=1)
             lost = ~np.isfinite(shift)
             if lost.any():  # cannot happen (the reference sequence has mass): refused, not raised
@@ -991,9 +1001,12 @@ class _Dense:
                 shift[lost] = 0.0
             a -= shift[:, None]
             s -= shift[:, None]
-            self.a_lin.append((r0, np.exp(a)))
+            # exp(A_j - shift) and exp(S_j - shift) from the linear tables under H: one product
+            # each instead of an exp of a log (H - shift is at most 650 in magnitude)
+            rescale = np.exp(H - shift)[:, None]
+            self.a_lin.append((r0, np.multiply(lin_a, rescale, out=lin_a)))
             self.a_min[:, j - 1] = a_low - shift
-            s_prev, at = s, r0
+            e_prev, at = np.multiply(total, rescale, out=total), r0
             nu[:, j - 1] = nu_a + shift
             # band j of every group, in the flat tables' order (groups, then cells)
             part = slice(int(fw.base[j - 1]), int(fw.base[j]))
