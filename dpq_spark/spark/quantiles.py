@@ -389,10 +389,10 @@ def _public_keys(req: QuantileRequest) -> pa.Table | None:
     table = req.groups
     if req.seeded:
         rows = zip(*[table.column(k).to_pylist() for k in req.keys])
-        hashes = [key_seed(values) for values in rows]
+        hashes = pa.array([key_seed(values) for values in rows], type=pa.int64())
     else:
-        hashes = [0] * table.num_rows
-    return table.append_column(KEY_HASH, pa.array(hashes, type=pa.int64()))
+        hashes = pa.array(np.zeros(table.num_rows, dtype=np.int64))
+    return table.append_column(KEY_HASH, hashes)
 
 
 def _plan(req: QuantileRequest, key_table):
@@ -541,9 +541,10 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
     if req.lower is not None and key_table.num_rows > flow.MAX_PACKED_KEYS:
         raise ValueError("`groups` must hold at most 2**30 keys with `lower` and `upper`, got "
                          f"{key_table.num_rows}")
-    hashes = key_table.column(KEY_HASH).to_pylist()
+    hashes = key_table.column(KEY_HASH)
+    seeded = params.base_seed is not None
     params = dataclasses.replace(params, extra_columns=(CODE,),
-                                 key_hashes=tuple(hashes) if params.base_seed is not None else None)
+                                 key_hashes=tuple(hashes.to_pylist()) if seeded else None)
     declared = {} if req.granularity is None else {"granularity": req.granularity}
     codes = flow.partitioned_codes(rows, req.lower, req.upper, req.resolution, lookup, **declared,
                                    groups=key_table.num_rows)
@@ -577,7 +578,8 @@ def _release_public_keys(req: QuantileRequest, params: ReleaseParams, rows: Data
         names.append(pa.array(got.names, type=pa.string()))
         missing = missing[:0]
     for gid in missing:  # public keys without rows: released from empty data on the driver
-        empty = pd.DataFrame({GID: [int(gid)], CELL: [-1], COUNT: [0], KEY_HASH: [hashes[gid]]})
+        key_hash = hashes[int(gid)].as_py()
+        empty = pd.DataFrame({GID: [int(gid)], CELL: [-1], COUNT: [0], KEY_HASH: [key_hash]})
         out = release_group(empty, dataclasses.replace(params, keys=(GID,)))
         gids.append(np.array([gid], dtype=np.int64))
         values.append(np.asarray(out["value"], dtype=np.float64))
