@@ -962,8 +962,8 @@ class _Dense:
             if x1 > x0:  # elsewhere band j - k + 1 of no row meets band j: the terms are 0
                 scale = np.exp(np.where(use, off - H, -np.inf))[:, None]
                 total[:, x0 - r0:x1 - r0] += lin[:, x0 - q0:x1 - q0] * scale * self.R[k - 1, :, x0:x1]
-        total[~band] = 0.0
-        return np.where(band, np.log(total) + H[:, None], -np.inf), a_low, lin_a, total, H
+        total[~band] = 0.0  # so log(total) is -inf outside band j (H is finite)
+        return np.log(total) + H[:, None], a_low, lin_a, total, H
 
     def _run(self) -> np.ndarray:
         fw = self.fw
