@@ -118,7 +118,8 @@ from dpq_spark.core.randomness.grid import (
     uniform_multisets,
 )
 from dpq_spark.core.quantiles._logscan import lgamma
-from dpq_spark.core.quantiles.joint_exp import _LOG_BAND_TOL, _bands, _grid_cells, _tie_rank
+from dpq_spark.core.quantiles.joint_exp import (_LOG_BAND_TOL, _bands, _deviation_bands, _grid_cells,
+                                                _narrower, _tie_rank, _weighted_box_bound)
 from dpq_spark.core.quantiles.joint_exp_many import CELLS_HELD
 from dpq_spark.core.quantiles.joint_exp_many import _sample_many as _joint_many
 from dpq_spark.core.quantiles.sized_tree import SIZED_TREES
@@ -1246,9 +1247,13 @@ def _flat_cells(k, counts, bounds, members, size):
     return start, width, np.log(width.astype(np.float64)), pos, n, coff
 
 
-def _search_in_groups(pos, coff, x, xg, side):
-    """``np.searchsorted(pos[coff[g]:coff[g + 1]], x, side)`` for every query ``x`` of group
-    ``xg`` (``xg`` broadcast to ``x``'s shape), for all groups in one search, exactly.
+#: entries of :class:`_GroupSearch`'s look-up table at most (8 bytes each), else it searches
+_SEARCH_TABLE = 1 << 21
+
+
+class _GroupSearch:
+    """Searches within the groups of flat cell positions ``pos`` (group g's are
+    ``coff[g]:coff[g + 1]``), the keys built once for many searches.
 
     Cell positions are mid-ranks, multiples of 1/2: ``p <= x`` iff ``2 p <= floor(2 x)`` and
     ``p < x`` iff ``2 p <= ceil(2 x) - 1``, comparisons of integers (``2 x`` and its floor are
@@ -1256,18 +1261,32 @@ def _search_in_groups(pos, coff, x, xg, side):
     and its queries, clipped to the range, searched there: the same indices as the per-group
     float search.
     """
-    shape = x.shape
-    x, xg = x.ravel(), np.broadcast_to(xg, shape).ravel()
-    G = coff.size - 1
-    two = (2.0 * pos).astype(np.int64)
-    top = int(two.max(initial=0))
-    span = top + 3  # group g's keys lie in [g span, g span + top], its queries within 1 of that
-    shift = np.arange(G, dtype=np.int64) * span
-    keys = two + np.repeat(shift, np.diff(coff))
-    doubled = np.floor(2.0 * x) if side == "right" else np.ceil(2.0 * x) - 1.0
-    query = np.clip(doubled, -1.0, top + 1.0).astype(np.int64) + shift[xg]
-    out = np.searchsorted(keys, query, side="right") - coff[xg]
-    return out.reshape(shape)
+
+    def __init__(self, pos, coff, table: bool = False):
+        self.coff = coff
+        two = (2.0 * pos).astype(np.int64)
+        self.top = int(two.max(initial=0))
+        span = self.top + 3  # group g's keys lie in [g span, g span + top], its queries within 1
+        self.shift = np.arange(coff.size - 1, dtype=np.int64) * span
+        self.keys = two + np.repeat(self.shift, np.diff(coff))
+        self.table = None
+        if table and self.keys.size and span * (coff.size - 1) < _SEARCH_TABLE:
+            # table[t + 1] = the number of keys <= t (all groups'), t = -1 .. G span - 1
+            marks = np.zeros(span * (coff.size - 1) + 1, dtype=np.int64)
+            marks[self.keys + 1] = 1
+            self.table = np.cumsum(marks)
+
+    def __call__(self, x, xg, side):
+        """``np.searchsorted(pos[coff[g]:coff[g + 1]], x, side)`` for every query ``x`` of group
+        ``xg`` (``xg`` broadcast to ``x``'s shape)."""
+        shape = x.shape
+        x, xg = x.ravel(), np.broadcast_to(xg, shape).ravel()
+        doubled = np.floor(2.0 * x) if side == "right" else np.ceil(2.0 * x) - 1.0
+        query = np.clip(doubled, -1.0, self.top + 1.0).astype(np.int64) + self.shift[xg]
+        if self.table is not None:  # the same count, looked up
+            return (self.table[query + 1] - self.coff[xg]).reshape(shape)
+        out = np.searchsorted(self.keys, query, side="right") - self.coff[xg]
+        return out.reshape(shape)
 
 
 def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
@@ -1284,8 +1303,9 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     rows = np.arange(G)[:, None]
     nf = n.astype(np.float64)
     cum_target = q[None, :] * n[:, None]  # P_j, per group
+    in_groups = _GroupSearch(pos, coff, table=True)
     # Lower bound 1: the reference sequence.
-    centre = _search_in_groups(pos, coff, cum_target, rows, "right") - 1
+    centre = in_groups(cum_target, rows, "right") - 1
     span = np.arange(-32, 33)
     cand = np.minimum(np.maximum(centre[:, :, None] + span[None, None, :], 0), (K - 1)[:, None, None])
     at = cand + base[:, :, None]
@@ -1296,7 +1316,7 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     keep_lo, keep_hi = ref, ref + 1
     log_z_low = _flat_sequence_weight(ref + base, width, log_width, pos, nf, q, c)
     # Lower bound 2: boxes, where every group's boxes exist and beat bound 1.
-    box, box_lo, box_hi = _flat_boxes(start, pos, n, coff, q, c)
+    box, box_lo, box_hi = _flat_boxes(start, pos, n, coff, q, c, in_groups)
     better = np.isfinite(box) & (box > log_z_low)
     log_z_low = np.where(better, box, log_z_low)
     keep_lo = np.where(better[:, None], box_lo, keep_lo)
@@ -1310,9 +1330,20 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     slack = (log_volume + log_s[:, None] + math.log(m) + _LOG_BAND_TOL
              - log_z_low[:, None])
     half = np.maximum(slack, 0.0) / (2.0 * c)
-    lo = _search_in_groups(pos, coff, cum_target - half, rows, "left")
-    hi = _search_in_groups(pos, coff, cum_target + half, rows, "right")
-    return np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
+    lo = in_groups(cum_target - half, rows, "left")
+    hi = in_groups(cum_target + half, rows, "right")
+    lo, hi = np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
+    # The deviation bound's bands, where narrower (the numbers of _bands, group by group).
+    groups = np.arange(G)
+
+    def search(x, side):
+        return in_groups(x, groups.reshape((G,) + (1,) * (x.ndim - 1)), side)
+
+    log_z_new = np.maximum(log_z_low, _weighted_box_bound(log_width, pos, n, coff, q, c, search))
+    new_lo, new_hi = _deviation_bands(start, n, coff, q, c, search,
+                                      log_sm, log_z_new, half.max(axis=1), ref)
+    narrower = _narrower(new_lo, new_hi, lo, hi)[:, None]
+    return np.where(narrower, new_lo, lo), np.where(narrower, new_hi, hi)
 
 
 def _flat_sequence_weight(seq, width, log_width, pos, n, q, c) -> np.ndarray:
@@ -1336,7 +1367,7 @@ def _flat_sequence_weight(seq, width, log_width, pos, n, q, c) -> np.ndarray:
     return c * util + log_mult
 
 
-def _flat_boxes(start, pos, n, coff, q, c):
+def _flat_boxes(start, pos, n, coff, q, c, in_groups):
     """``joint_exp._box_lower_bound`` of every group: ``(log bound, lo, hi)``, the bound
     ``-inf`` where the group has none."""
     G, m = n.size, q.size
@@ -1354,8 +1385,8 @@ def _flat_boxes(start, pos, n, coff, q, c):
     grid = 2.0 ** np.arange(0, L)
     h = np.minimum(grid[None, None, :], h_max[:, :, None])
     rows = np.arange(G)[:, None, None]
-    left = _search_in_groups(pos, coff, cum[:, :, None] - h, rows, "left")
-    right = _search_in_groups(pos, coff, cum[:, :, None] + h, rows, "left")
+    left = in_groups(cum[:, :, None] - h, rows, "left")
+    right = in_groups(cum[:, :, None] + h, rows, "left")
     valid = (right > left) & (np.arange(L)[None, None, :] <= tops[:, None, None])
     Kb = K[:, None, None]
     lc = np.minimum(left, Kb - 1)

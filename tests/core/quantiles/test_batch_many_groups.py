@@ -208,3 +208,25 @@ def test_kernel_sums_carry_is_the_same_in_any_batch():
     j = DECILES.size - 1
     mine = together.S[j][together.off[j, 30]:together.off[j, 31]]
     assert mine.size and np.array_equal(mine, alone.S[j])
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_group_search_is_searchsorted_group_by_group(table):
+    """The look-up table and the shifted search both give numpy's per-group indices, for
+    queries inside, between and outside each group's half-integer positions."""
+    gen = np.random.default_rng(7)
+    groups = []
+    for _ in range(50):
+        doubled = np.arange(0, 2 * int(gen.integers(1, 60)) + 1)
+        groups.append(np.sort(gen.choice(doubled, min(doubled.size, int(gen.integers(1, 20))),
+                                         replace=False)) / 2.0)
+    pos = np.concatenate(groups)
+    coff = np.concatenate(([0], np.cumsum([g.size for g in groups])))
+    search = B._GroupSearch(pos, coff, table=table)
+    assert (search.table is not None) == table
+    x = gen.uniform(-3.0, 35.0, (len(groups), 40))
+    x[:, :10] = np.round(x[:, :10] * 2.0) / 2.0  # on the half-integers too
+    for side in ("left", "right"):
+        got = search(x, np.arange(len(groups))[:, None], side)
+        want = np.array([np.searchsorted(g, row, side=side) for g, row in zip(groups, x)])
+        assert np.array_equal(got, want)

@@ -296,11 +296,11 @@ def test_goodreads_deciles_land_on_the_ties(monkeypatch):
 
 
 def test_continuous_data_keeps_its_accuracy_with_and_without_granularity():
-    # 1,000 N(0, 5) values, bounds ±100, deciles, eps = 1, 30 datasets (seed 5): measured 0.0947
-    # on the default grid (no jitter; as on main) and 0.0945 with granularity 0.01 (jitter). Over
-    # 200 datasets: 0.092 both ways (0.0875 for the 0.01 grid without jitter).
+    # 1,000 N(0, 5) values, bounds ±100, deciles, eps = 1, 200 datasets (seed 5): measured 0.087
+    # on the default grid (no jitter) and 0.092 with granularity 0.01 (jitter); one dataset's
+    # error has a standard deviation of about 0.05, so 30 datasets alone ranged 0.089-0.121.
     for g in (None, 0.01):
         gen = np.random.default_rng(5)
         errs = [mean_abs_error(gen.normal(0.0, 5.0, 1000), -100.0, 100.0, 1, seed=s, granularity=g)
-                for s in range(30)]
-        assert np.mean(errs) < 0.11, g
+                for s in range(200)]
+        assert np.mean(errs) < 0.105, g
