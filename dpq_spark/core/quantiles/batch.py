@@ -1288,6 +1288,15 @@ class _GroupSearch:
         out = np.searchsorted(self.keys, query, side="right") - self.coff[xg]
         return out.reshape(shape)
 
+    def rows(self, x, side):
+        """The same for ``x`` of shape ``(G, ...)``, row g searched in group g."""
+        if self.table is None:
+            return self(x, np.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1)), side)
+        doubled = np.floor(2.0 * x) if side == "right" else np.ceil(2.0 * x) - 1.0
+        at = (self.shift + 1).reshape((-1,) + (1,) * (x.ndim - 1))
+        index = np.clip(doubled, -1.0, self.top + 1.0).astype(np.int64) + at
+        return self.table[index] - self.coff[:-1].reshape((-1,) + (1,) * (x.ndim - 1))
+
 
 def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     """:func:`~dpq_spark.core.quantiles.joint_exp._bands` of every group of :func:`_flat_cells`
@@ -1334,13 +1343,9 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     hi = in_groups(cum_target + half, rows, "right")
     lo, hi = np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
     # The deviation bound's bands, where narrower (the numbers of _bands, group by group).
-    groups = np.arange(G)
-
-    def search(x, side):
-        return in_groups(x, groups.reshape((G,) + (1,) * (x.ndim - 1)), side)
-
-    log_z_new = np.maximum(log_z_low, _weighted_box_bound(log_width, pos, n, coff, q, c, search))
-    new_lo, new_hi = _deviation_bands(start, n, coff, q, c, search,
+    log_z_new = np.maximum(log_z_low,
+                           _weighted_box_bound(log_width, pos, n, coff, q, c, in_groups.rows))
+    new_lo, new_hi = _deviation_bands(start, n, coff, q, c, in_groups.rows,
                                       log_sm, log_z_new, half.max(axis=1), ref)
     narrower = _narrower(new_lo, new_hi, lo, hi)[:, None]
     return np.where(narrower, new_lo, lo), np.where(narrower, new_hi, hi)

@@ -459,8 +459,9 @@ def _bands(start, width, log_width, pos, n, q, c, size):
 _DEVIATION_NEWTON = 3
 #: nats kept below the target, against rounding in the bound's own evaluation
 _DEVIATION_MARGIN = 2.0**-20
-#: the weighted boxes reach at most this many nats of decay from their target
-_BOX_NATS = 40.0
+#: the weighted boxes reach at most this many nats of decay from their target (16: their bound
+#: is within 3e-6 nats of the whole box's on N(0, 5) deciles at eps 0.1-10, with a third fewer cells)
+_BOX_NATS = 16.0
 
 
 def _deviation_log_mass(h, start, n, coff, q, c, search, log_sm) -> np.ndarray:
@@ -535,7 +536,8 @@ def _weighted_box_bound(log_width, pos, n, coff, q, c, search) -> np.ndarray:
     cum = q[None, :] * nf[:, None]
     gaps = np.diff(np.concatenate([np.zeros((G, 1)), cum, nf[:, None]], axis=1), axis=1)
     # half the distance to the nearer neighbouring target, and no more than _BOX_NATS / (2 c):
-    # farther cells would add less than exp(-_BOX_NATS) of the nearest one's term each
+    # any smaller box still gives a lower bound, and cells farther out weigh exp(-_BOX_NATS) of
+    # an equally wide cell at the target
     h = np.minimum(np.minimum(gaps[:, :-1], gaps[:, 1:]) / 2.0, _BOX_NATS / (2.0 * c))
     left = search(cum - h, "left")
     right = search(cum + h, "left")  # box j: the cells of rank in [P_j - h_j, P_j + h_j)

@@ -227,6 +227,7 @@ def test_group_search_is_searchsorted_group_by_group(table):
     x = gen.uniform(-3.0, 35.0, (len(groups), 40))
     x[:, :10] = np.round(x[:, :10] * 2.0) / 2.0  # on the half-integers too
     for side in ("left", "right"):
-        got = search(x, np.arange(len(groups))[:, None], side)
         want = np.array([np.searchsorted(g, row, side=side) for g, row in zip(groups, x)])
-        assert np.array_equal(got, want)
+        assert np.array_equal(search(x, np.arange(len(groups))[:, None], side), want)
+        assert np.array_equal(search.rows(x, side), want)
+        assert np.array_equal(search.rows(x[:, :, None], side)[:, :, 0], want)
