@@ -460,19 +460,20 @@ _DEVIATION_NEWTON = 3
 #: nats kept below the target, against rounding in the bound's own evaluation
 _DEVIATION_MARGIN = 2.0**-20
 #: the weighted boxes reach at most this many nats of decay from their target (16: their bound
-#: is within 3e-6 nats of the whole box's on N(0, 5) deciles at eps 0.1-10, with a third fewer cells)
+#: is within 3e-6 nats of the whole box's on N(0, 5) deciles at eps 0.1-10, with a third fewer
+#: cells)
 _BOX_NATS = 16.0
 
 
 def _deviation_log_mass(h, start, n, coff, q, c, search, log_sm) -> np.ndarray:
-    """Bound 4 of the module docstring ("Bands"), per group: the log of an upper bound on the
-    mass of the output tuples whose largest rank deviation ``max_k |rho(o_k) - P_k|`` exceeds
-    ``h`` (shape ``(G,)``), over the intervals ``(M_l, M_{l+1}]``,
-    ``M_l = h + (2**l - 1) / (2 c)`` for l < L, and the tail past ``M_L``. L depends on m
-    alone (so a group's numbers do not depend on its batch): ``2**L >= 45 m + 11``, so that for
-    any grid of at most ``2**64`` points the tail, at most ``exp(-2 c M_L) C(S + m - 1, m)``, is
-    below ``exp(-10 - 2 c h)``. Flat arrays, ``search`` and ``log_sm`` as in
-    :func:`_deviation_bands`."""
+    """The deviation bound of the module docstring ("Bands"), per group: the log of an upper
+    bound on the mass of the output tuples whose largest rank deviation
+    ``max_k |rho(o_k) - P_k|`` exceeds ``h`` (shape ``(G,)``), summed over the intervals
+    ``(M_l, M_{l+1}]``, ``M_l = h + (2**l - 1) / (2 c)`` for l < L, and the tail past ``M_L``.
+    L depends on m alone (so a group's numbers do not depend on its batch):
+    ``2**L >= 45 m + 11``, so that for any grid of at most ``2**64`` points the tail, at most
+    ``exp(-2 c M_L) C(S + m - 1, m)``, is below ``exp(-10 - 2 c h)``. Flat arrays, ``search``
+    and ``log_sm`` as in :func:`_deviation_bands`."""
     G, m = n.size, q.size
     cum = q[None, :] * n[:, None].astype(np.float64)  # P_j, per group
     sbase = (coff[:-1] + np.arange(G))[:, None, None]
@@ -527,10 +528,11 @@ def _deviation_bands(start, n, coff, q, c, search, log_sm, log_z_low, h0, ref):
 
 
 def _weighted_box_bound(log_width, pos, n, coff, q, c, search) -> np.ndarray:
-    """Lower bound 3 on each group's log normaliser (module docstring, "Bands"): boxes of
-    half-width ``h_j`` = half the distance from ``P_j`` to its nearer neighbouring target, each
-    counted as ``sum_{cells i in box j} w_i exp(-2 c |p_i - P_j|)``; ``-inf`` for a group with an
-    empty box. Flat arrays and ``search`` as in :func:`_deviation_bands`."""
+    """The weighted boxes' lower bound on each group's log normaliser (module docstring,
+    "Bands"): boxes of half-width ``h_j``, half the distance from ``P_j`` to its nearer
+    neighbouring target but at most ``_BOX_NATS / (2 c)``, each counted as
+    ``sum_{cells i in box j} w_i exp(-2 c |p_i - P_j|)``; ``-inf`` for a group with an empty
+    box. Flat arrays and ``search`` as in :func:`_deviation_bands`."""
     G, m = n.size, q.size
     nf = n.astype(np.float64)
     cum = q[None, :] * nf[:, None]
