@@ -387,6 +387,31 @@ def test_band_pruning_with_a_wrong_bound_is_caught(monkeypatch):
     assert abs(log_normaliser(cells, q, c, lo, hi) - full) > 1e-9 * abs(full)
 
 
+@pytest.mark.parametrize("n, eps", [(100, 10.0), (1000, 1.0), (1000, 10.0), (5000, 1.0), (3000, 0.3)])
+def test_deviation_bands_keep_the_normaliser_and_are_narrower(n, eps):
+    # On N(0, 5) data (the default grid, deciles) the deviation bound sets the bands, which
+    # are narrower than the union bound's, and the forward pass on them reaches the full
+    # normaliser.
+    q = np.arange(1, 10) / 10
+    c = eps / (2 * 1.8)
+    grid = Grid(-100.0, 100.0)
+    x = np.random.default_rng(n).normal(0.0, 5.0, n)
+    cells = J._grid_cells(np.sort(grid.snap(x)), None, grid.size)
+    lo, hi = J._bands(*cells, q, c, grid.size)
+    union = _union_bands(cells, q, c, grid.size)
+    assert (hi - lo).sum() < 0.9 * (union[1] - union[0]).sum()
+    K = cells[3].size
+    full = log_normaliser(cells, q, c, np.zeros(q.size, np.int64), np.full(q.size, K))
+    assert abs(log_normaliser(cells, q, c, lo, hi) - full) <= 1e-12 * abs(full)
+
+
+def _union_bands(cells, q, c, size):
+    """The bands of the union bound alone (the deviation bound's never taken)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(J, "_narrower", lambda new_lo, new_hi, lo, hi: np.zeros(new_lo.shape[0], bool))
+        return J._bands(*cells, q, c, size)
+
+
 def truncation_case():
     # Large tie blocks (cells of one grid point, where the factorial no longer helps) and wide gaps.
     x = np.repeat([1.0, 2.0, 2.5, 4.0], [40, 300, 5, 100])

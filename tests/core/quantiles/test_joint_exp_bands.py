@@ -1,5 +1,6 @@
-"""JointExp's band bounds against exact masses: the weighted boxes never exceed the normaliser,
-the deviation bound never falls below the mass it bounds, and bands cut with them keep it.
+"""JointExp's band bounds against exact masses: the weighted boxes never exceed the normaliser
+and the deviation bound never falls below the mass it bounds (that bands cut with them keep the
+normaliser is tested in test_joint_exp.py, beside the union bound's bands).
 
 The exact masses enumerate every sorted tuple of grid points of small cases (ties, gaps, one to
 three outputs) with the utility written from its definition, independently of the cells.
@@ -14,7 +15,6 @@ import numpy as np
 import pytest
 
 from dpq_spark.core.quantiles import joint_exp as J
-from dpq_spark.core.randomness.grid import Grid
 
 
 def mid_rank(x, size):
@@ -129,36 +129,3 @@ def test_a_wrong_box_bound_is_caught(monkeypatch):
     with pytest.raises(AssertionError):
         for seed in range(40):
             test_weighted_boxes_are_below_the_normaliser(seed)
-
-
-def full_log_normaliser(cells, q, c, lo, hi):
-    start, width, log_width, pos, n = cells
-    fw = J._Forward(width, log_width, pos, n, q, c, lo, hi)
-    fw.run()
-    band = fw._band(q.size)
-    return np.logaddexp.reduce(fw.S_last - c * np.abs(n - pos[band] - fw.targets[-1]) + fw.nu[-1])
-
-
-@pytest.mark.parametrize("n, eps", [(100, 10.0), (1000, 1.0), (1000, 10.0), (5000, 1.0), (3000, 0.3)])
-def test_deviation_bands_keep_the_normaliser_and_are_narrower(n, eps):
-    # On N(0, 5) data (the default grid, deciles) the deviation bound sets the bands, which
-    # are narrower than the union bound's, and the forward pass on them reaches the full
-    # normaliser.
-    q = np.arange(1, 10) / 10
-    c = eps / (2 * 1.8)
-    grid = Grid(-100.0, 100.0)
-    x = np.random.default_rng(n).normal(0.0, 5.0, n)
-    cells = J._grid_cells(np.sort(grid.snap(x)), None, grid.size)
-    lo, hi = J._bands(*cells, q, c, grid.size)
-    union = _union_bands(cells, q, c, grid.size)
-    assert (hi - lo).sum() < 0.9 * (union[1] - union[0]).sum()
-    K = cells[3].size
-    full = full_log_normaliser(cells, q, c, np.zeros(q.size, np.int64), np.full(q.size, K))
-    assert abs(full_log_normaliser(cells, q, c, lo, hi) - full) <= 1e-12 * abs(full)
-
-
-def _union_bands(cells, q, c, size):
-    """The bands of the union bound alone (the deviation bound's never taken)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(J, "_narrower", lambda new_lo, new_hi, lo, hi: np.zeros(new_lo.shape[0], bool))
-        return J._bands(*cells, q, c, size)
