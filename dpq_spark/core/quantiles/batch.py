@@ -1252,17 +1252,18 @@ _SEARCH_TABLE = 1 << 21
 
 
 class _GroupSearch:
-    """Searches within the groups of flat cell positions ``pos`` (group g's are
-    ``coff[g]:coff[g + 1]``), the keys built once for many searches.
+    """``np.searchsorted(pos[coff[g]:coff[g + 1]], x[g], side)`` for every row g of an ``x`` of
+    shape ``(G, ...)``, for all groups at once, exactly; the keys built once for many searches.
 
     Cell positions are mid-ranks, multiples of 1/2: ``p <= x`` iff ``2 p <= floor(2 x)`` and
     ``p < x`` iff ``2 p <= ceil(2 x) - 1``, comparisons of integers (``2 x`` and its floor are
     exact in float64). Each group's doubled positions are shifted into a disjoint int64 range
-    and its queries, clipped to the range, searched there: the same indices as the per-group
-    float search.
+    and its queries, clipped to the range, counted there: the same indices as the per-group
+    float search. The count is a look-up in a table of all groups' keys when that table has at
+    most ``_SEARCH_TABLE`` entries, else a search.
     """
 
-    def __init__(self, pos, coff, table: bool = False):
+    def __init__(self, pos, coff):
         self.coff = coff
         two = (2.0 * pos).astype(np.int64)
         self.top = int(two.max(initial=0))
@@ -1270,32 +1271,20 @@ class _GroupSearch:
         self.shift = np.arange(coff.size - 1, dtype=np.int64) * span
         self.keys = two + np.repeat(self.shift, np.diff(coff))
         self.table = None
-        if table and self.keys.size and span * (coff.size - 1) < _SEARCH_TABLE:
+        if self.keys.size and span * (coff.size - 1) < _SEARCH_TABLE:
             # table[t + 1] = the number of keys <= t (all groups'), t = -1 .. G span - 1
             marks = np.zeros(span * (coff.size - 1) + 1, dtype=np.int64)
             marks[self.keys + 1] = 1
             self.table = np.cumsum(marks)
 
-    def __call__(self, x, xg, side):
-        """``np.searchsorted(pos[coff[g]:coff[g + 1]], x, side)`` for every query ``x`` of group
-        ``xg`` (``xg`` broadcast to ``x``'s shape)."""
-        shape = x.shape
-        x, xg = x.ravel(), np.broadcast_to(xg, shape).ravel()
+    def __call__(self, x, side):
+        per_row = (-1,) + (1,) * (x.ndim - 1)
         doubled = np.floor(2.0 * x) if side == "right" else np.ceil(2.0 * x) - 1.0
-        query = np.clip(doubled, -1.0, self.top + 1.0).astype(np.int64) + self.shift[xg]
-        if self.table is not None:  # the same count, looked up
-            return (self.table[query + 1] - self.coff[xg]).reshape(shape)
-        out = np.searchsorted(self.keys, query, side="right") - self.coff[xg]
-        return out.reshape(shape)
-
-    def rows(self, x, side):
-        """The same for ``x`` of shape ``(G, ...)``, row g searched in group g."""
-        if self.table is None:
-            return self(x, np.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1)), side)
-        doubled = np.floor(2.0 * x) if side == "right" else np.ceil(2.0 * x) - 1.0
-        at = (self.shift + 1).reshape((-1,) + (1,) * (x.ndim - 1))
-        index = np.clip(doubled, -1.0, self.top + 1.0).astype(np.int64) + at
-        return self.table[index] - self.coff[:-1].reshape((-1,) + (1,) * (x.ndim - 1))
+        query = (np.clip(doubled, -1.0, self.top + 1.0).astype(np.int64)
+                 + self.shift.reshape(per_row))
+        below = (self.table[query + 1] if self.table is not None  # keys <= query, all groups'
+                 else np.searchsorted(self.keys, query.ravel(), side="right").reshape(x.shape))
+        return below - self.coff[:-1].reshape(per_row)
 
 
 def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
@@ -1309,12 +1298,11 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     G = n.size
     K = np.diff(coff)
     base = coff[:-1, None]
-    rows = np.arange(G)[:, None]
     nf = n.astype(np.float64)
     cum_target = q[None, :] * n[:, None]  # P_j, per group
-    in_groups = _GroupSearch(pos, coff, table=True)
+    in_groups = _GroupSearch(pos, coff)
     # Lower bound 1: the reference sequence.
-    centre = in_groups(cum_target, rows, "right") - 1
+    centre = in_groups(cum_target, "right") - 1
     span = np.arange(-32, 33)
     cand = np.minimum(np.maximum(centre[:, :, None] + span[None, None, :], 0), (K - 1)[:, None, None])
     at = cand + base[:, :, None]
@@ -1339,13 +1327,13 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     slack = (log_volume + log_s[:, None] + math.log(m) + _LOG_BAND_TOL
              - log_z_low[:, None])
     half = np.maximum(slack, 0.0) / (2.0 * c)
-    lo = in_groups(cum_target - half, rows, "left")
-    hi = in_groups(cum_target + half, rows, "right")
+    lo = in_groups(cum_target - half, "left")
+    hi = in_groups(cum_target + half, "right")
     lo, hi = np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
     # The deviation bound's bands, where narrower (the numbers of _bands, group by group).
     log_z_new = np.maximum(log_z_low,
-                           _weighted_box_bound(log_width, pos, n, coff, q, c, in_groups.rows))
-    new_lo, new_hi = _deviation_bands(start, n, coff, q, c, in_groups.rows,
+                           _weighted_box_bound(log_width, pos, n, coff, q, c, in_groups))
+    new_lo, new_hi = _deviation_bands(start, n, coff, q, c, in_groups,
                                       log_sm, log_z_new, half.max(axis=1), ref)
     narrower = _narrower(new_lo, new_hi, lo, hi)[:, None]
     return np.where(narrower, new_lo, lo), np.where(narrower, new_hi, hi)
@@ -1389,9 +1377,8 @@ def _flat_boxes(start, pos, n, coff, q, c, in_groups):
     L = int(tops.max()) + 1
     grid = 2.0 ** np.arange(0, L)
     h = np.minimum(grid[None, None, :], h_max[:, :, None])
-    rows = np.arange(G)[:, None, None]
-    left = in_groups(cum[:, :, None] - h, rows, "left")
-    right = in_groups(cum[:, :, None] + h, rows, "left")
+    left = in_groups(cum[:, :, None] - h, "left")
+    right = in_groups(cum[:, :, None] + h, "left")
     valid = (right > left) & (np.arange(L)[None, None, :] <= tops[:, None, None])
     Kb = K[:, None, None]
     lc = np.minimum(left, Kb - 1)
