@@ -130,8 +130,8 @@ class DLapTable:
         ``P(y) ∝ exp(-|y| / scale)``; a float is taken at its exact binary value.
     """
 
-    __slots__ = ("scale", "thresholds", "_ascending", "_prefix_mag", "_prefix_open", "_word_value",
-                 "_word_float", "_word_open")
+    __slots__ = ("scale", "thresholds", "_ascending", "_prefix_mag", "_prefix_open", "_word",
+                 "_open_word")
 
     def __init__(self, scale):
         self.scale = as_fraction(scale, "scale")
@@ -149,11 +149,15 @@ class DLapTable:
         at_least_low = K - np.searchsorted(self._ascending, low, side="left")  # #{T_k >= low}
         self._prefix_open = (at_least_low != above_high) | (above_high == K)
         self._prefix_mag = above_high.astype(np.int64)
-        # The same per 16-bit word (prefix = word >> 1, sign = low bit): signed values, open flags.
+        # The same per 16-bit word (prefix = word >> 1, sign = low bit): the signed value, or
+        # the smallest number of the narrowest integer type that holds every value (never a
+        # value itself) where the prefix is open. One small table, one look-up a draw: 128 KiB
+        # as int8 at AggTree's scales, where a float64 table and an open flag cost 3x the time.
         word = np.arange(1 << (_PREFIX_BITS + 1))
-        self._word_value = np.where(word & 1, -1, 1) * self._prefix_mag[word >> 1]
-        self._word_open = self._prefix_open[word >> 1]
-        self._word_float = self._word_value.astype(np.float64)
+        value = np.where(word & 1, -1, 1) * self._prefix_mag[word >> 1]
+        kind = next(t for t in (np.int8, np.int16, np.int32, np.int64) if K < np.iinfo(t).max)
+        self._open_word = int(np.iinfo(kind).min)
+        self._word = np.where(self._prefix_open[word >> 1], self._open_word, value).astype(kind)
 
     @property
     def depth(self) -> int:
@@ -177,9 +181,9 @@ class DLapTable:
         if size == 0:
             return np.zeros(0, dtype=dtype)
         words = np.frombuffer(source.bytes(2 * size), dtype="<u2")
-        table = self._word_float if dtype == np.float64 else self._word_value
-        out = table[words]  # signed |Y| for the words whose prefix is sure
-        unsure = np.flatnonzero(self._word_open[words])
+        small = self._word.take(words)  # signed |Y| for the words whose prefix is sure
+        out = small.astype(dtype)
+        unsure = np.flatnonzero(small == self._open_word)
         if unsure.size:
             w = words[unsure].astype(np.int64)
             rest = (source.words(unsure.size) >> np.uint64(64 - _REST_BITS)).astype(np.int64)
