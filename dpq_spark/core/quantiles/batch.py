@@ -1076,8 +1076,9 @@ def _agg_trees(x, counts, bounds, n, members, q, eps, grid, relation, b, h, sour
             # the leaf of each clamped value, as agg_tree's
             leaf = leaf_index(np.clip(x[rows], lower, upper), lower, upper, leaves)
             weight = counts[rows].astype(np.float64)
-            for level in range(1, h + 1):
-                np.add.at(noisy[level], (local, leaf // b ** (h - level)), weight)
+            for level in range(1, h + 1):  # (bincount: np.add.at's sums, several times faster)
+                node = local * b**level + leaf // b ** (h - level)
+                noisy[level] += np.bincount(node, weight, G * b**level).reshape(G, b**level)
         est = _post_process(noisy, b, table.scale, n[chunk] if swap else None, q, lower, upper)
         out[lo:lo + G] = grid.value(grid.snap(est))  # rounded to the grid, as agg_tree does
     return out
