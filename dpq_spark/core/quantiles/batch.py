@@ -1124,9 +1124,10 @@ def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndar
             kids_low = low[1][:, None, :]  # (G, 1, b), broadcast against (G, m) below
             kids_noisy = np.asarray(noisy[1], dtype=np.float64)[:, None, :]
         else:
-            kids = node[..., None] * b + np.arange(b)  # (G, m, b) node indices
-            kids_low = low[level][rows[..., None], kids]
-            kids_noisy = noisy[level][rows[..., None], kids].astype(np.float64)
+            # (G, m, b) flat indices of the children of every path's node
+            kids = ((node + rows * b ** (level - 1)) * b)[..., None] + np.arange(b)
+            kids_low = low[level].reshape(-1).take(kids)
+            kids_noisy = np.asarray(noisy[level], dtype=np.float64).reshape(-1).take(kids)
         if np.isinf(var_high[level - 1]):
             kids_high, final = kids_noisy, kids_low
         else:
@@ -1144,13 +1145,15 @@ def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndar
         if not going.any():
             break
         target = share * total
-        child = np.minimum(_searchsorted_left(cum, target), b - 1)
-        mine = np.take_along_axis(final, child[..., None], axis=-1)[..., 0]
-        before = np.take_along_axis(cum, child[..., None], axis=-1)[..., 0] - mine
+        at = _row_starts(cum.shape, m)
+        child = np.minimum(_searchsorted_left(cum, target, at), b - 1)
+        at += child  # each path's chosen child, as a flat index
+        mine = final.reshape(-1).take(at)
+        before = cum.reshape(-1).take(at) - mine
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.minimum(np.maximum((target - before) / mine, 0.0), 1.0)
         share = np.where(going, np.where(mine > 0, ratio, 0.5), share)
-        high = np.where(going, np.take_along_axis(kids_high, child[..., None], axis=-1)[..., 0], high)
+        high = np.where(going, kids_high.reshape(-1).take(at), high)
         node = np.where(going, node * b + child, node)
         new_width = width / b
         left = np.where(going, left + child * new_width, left)
@@ -1158,20 +1161,29 @@ def _aggregate_and_descend(noisy, b, variance, root, q, lower, upper) -> np.ndar
     return left + share * width
 
 
-def _searchsorted_left(a: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(a[i], key[i], side="left")`` for every row, step for step the binary
-    search numpy runs for one key, also on rows that are not sorted."""
+def _row_starts(shape: tuple, m: int) -> np.ndarray:
+    """For arrays of ``shape`` ``(G, r, b)`` read by m paths per group (``r`` is m, or 1 when
+    the m paths share one row): the flat index of each path's row start, shape ``(G, m)``."""
+    G, r, b = shape
+    return np.arange(G)[:, None] * (r * b) + (np.arange(m) * b if r > 1 else np.zeros(m, np.int64))
+
+
+def _searchsorted_left(a: np.ndarray, key: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(row, key[i], side="left")`` for each path's row of ``a`` (its flat start
+    ``at[i]``, :func:`_row_starts`), step for step the binary search numpy runs for one key, also
+    on rows that are not sorted: a range of s entries at most halves a step, so the number of
+    bits of the row length b is enough steps."""
+    b = a.shape[-1]
+    flat = a.reshape(-1)
     lo = np.zeros(key.shape, dtype=np.int64)
-    hi = np.full(key.shape, a.shape[-1], dtype=np.int64)
-    while True:
+    hi = np.full(key.shape, b, dtype=np.int64)
+    for _ in range(b.bit_length()):
         open_ = lo < hi
-        if not open_.any():
-            return lo
-        mid = lo + ((hi - lo) >> 1)
-        val = np.take_along_axis(a, np.minimum(mid, a.shape[-1] - 1)[..., None], axis=-1)[..., 0]
-        less = val < key
+        mid = (lo + hi) >> 1
+        less = flat.take(at + np.minimum(mid, b - 1)) < key
         lo = np.where(open_ & less, mid + 1, lo)
         hi = np.where(open_ & ~less, mid, hi)
+    return lo
 
 
 # --------------------------------------------------------------------------------------------
