@@ -32,6 +32,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from dpq_spark.spark._arrow import binary_value
+
 __all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "arrow_type", "arrow_schema",
            "try_cast", "is_column", "is_dataframe", "is_collated"]
 
@@ -57,8 +59,7 @@ def to_arrow(df: DataFrame) -> pa.Table:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, batch.schema) as writer:
                 writer.write_batch(batch)
-            yield pa.RecordBatch.from_arrays([pa.array([sink.getvalue().to_pybytes()],
-                                                       type=pa.binary())], names=[_IPC])
+            yield pa.RecordBatch.from_arrays([binary_value(sink.getvalue())], names=[_IPC])
 
     out_schema = T.StructType([T.StructField(_IPC, T.BinaryType(), False)])
     rows = df.mapInArrow(serialise, schema=out_schema).collect()

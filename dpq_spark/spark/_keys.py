@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dpq_spark.spark._arrow import numeric, scalar, to_numpy
+
 __all__ = ["normalise", "factorise", "KeyIndex", "key_seed", "spark_order"]
 
 
@@ -26,8 +28,8 @@ def normalise(array: pa.Array) -> pa.Array:
     Other types are returned unchanged."""
     if not pa.types.is_floating(array.type):
         return array
-    array = pc.add(array, pa.scalar(0.0, array.type))  # -0.0 + 0.0 == +0.0; null stays null
-    return pc.if_else(pc.is_nan(array), pa.scalar(math.nan, array.type), array)
+    array = pc.add(array, scalar(0.0, array.type))  # -0.0 + 0.0 == +0.0; null stays null
+    return pc.if_else(pc.is_nan(array), scalar(math.nan, array.type), array)
 
 
 def _hashable(value):
@@ -52,7 +54,7 @@ def _codes(column: pa.Array) -> tuple[np.ndarray, int]:
         codes = np.fromiter((seen.setdefault(_hashable(v), len(seen)) for v in column.to_pylist()),
                             dtype=np.int64, count=len(column))
         return codes, len(seen)
-    indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    indices = to_numpy(encoded.indices).astype(np.int64, copy=False)
     return indices, len(encoded.dictionary)
 
 
@@ -96,7 +98,7 @@ class KeyIndex:
     def gids(self, columns: list[pa.Array]) -> np.ndarray:
         columns = [normalise(c) for c in columns]
         local, first = factorise(columns)
-        take = pa.array(first, type=pa.int64())
+        take = numeric(first, pa.int64())
         firsts = [c.take(take) for c in columns]
         to_gid = np.empty(len(first), dtype=np.int64)
         new = []
@@ -109,7 +111,7 @@ class KeyIndex:
                 new.append(j)
             to_gid[j] = gid
         if new:
-            pick = pa.array(new, type=pa.int64())
+            pick = numeric(new, pa.int64())
             self._pieces.append([c.take(pick) for c in firsts])
         return to_gid[local]
 

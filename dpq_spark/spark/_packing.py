@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dpq_spark.spark._arrow import numeric, scalar, to_numpy
 from dpq_spark.spark._columns import BUCKET, CODES, COUNTS
 from dpq_spark.spark._fold import count_runs, run_starts
 from dpq_spark.spark._heap import trim_heap
@@ -62,10 +63,10 @@ def pack_partition(batches, span: int, keys: pa.Array | None = None, shift: int 
 
 def _packed_batches(batches, span: int, index, shift: int):
     if index is None:
-        codes = [np.asarray(b.column(0), dtype=np.int64) for b in batches]
+        codes = [to_numpy(b.column(0)).astype(np.int64, copy=False) for b in batches]
     else:
         gid, listed = index.places(pa.concat_arrays([b.column(0) for b in batches]))
-        cell = np.concatenate([np.asarray(b.column(1), dtype=np.int64) for b in batches])
+        cell = np.concatenate([to_numpy(b.column(1)).astype(np.int64, copy=False) for b in batches])
         codes = [gid[listed] * span + cell[listed]]
         if codes[0].size == 0:
             return
@@ -96,7 +97,7 @@ class KeyLookup:
         self.keys = keys
         self.table = None
         if len(keys) and pa.types.is_signed_integer(keys.type):
-            values = np.asarray(keys, dtype=np.int64)
+            values = to_numpy(keys).astype(np.int64, copy=False)
             low, high = int(values.min()), int(values.max())
             cells = high - low + 1
             if cells <= min(_TABLE_SPREAD * values.size + _TABLE_SLACK, _TABLE_CELLS):
@@ -107,15 +108,16 @@ class KeyLookup:
     def places(self, key: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         if self.table is None or not pa.types.is_signed_integer(key.type):
             index = pc.index_in(key, value_set=self.keys.cast(key.type))
-            return np.asarray(index.fill_null(0), dtype=np.int64), np.asarray(index.is_valid())
-        values = np.asarray(key.fill_null(self.low), dtype=np.int64)
+            return (to_numpy(index.fill_null(scalar(0, index.type))).astype(np.int64),
+                    to_numpy(index.is_valid()))
+        values = to_numpy(key.fill_null(scalar(self.low, key.type))).astype(np.int64, copy=False)
         inside = (values >= self.low) & (values <= self.high)
         # outside the range the offset would overflow for keys far from it: read the table at
         # its first entry there, and let ``inside`` reject them
         gid = self.table.take(np.where(inside, values, self.low) - self.low)
         listed = inside & (gid >= 0)
         if key.null_count:
-            listed &= np.asarray(key.is_valid())
+            listed &= to_numpy(key.is_valid())
         return np.maximum(gid, 0), listed
 
 
@@ -143,7 +145,7 @@ def _packed(buffered, span: int, shift: int) -> pa.RecordBatch:
             np.zeros(n + 1, dtype=np.int32)), pa.py_buffer(b"")])
     else:
         counts_column = blob(counts)
-    return pa.RecordBatch.from_arrays([pa.array(bucket[first]), blob(codes), counts_column],
+    return pa.RecordBatch.from_arrays([numeric(bucket[first], pa.int64()), blob(codes), counts_column],
                                       names=[BUCKET, CODES, COUNTS])
 
 

@@ -50,6 +50,7 @@ from dpq_spark.core.randomness.grid import Grid, jitter_indices, split_ties
 from dpq_spark.core.quantiles.approx_quantiles import approx_quantiles_indices
 from dpq_spark.core.quantiles.ind_exp import ind_exp_indices
 from dpq_spark.core.quantiles.joint_exp import joint_exp_indices
+from dpq_spark.spark import _arrow as arrow
 from dpq_spark.spark._buckets import bucket_values
 from dpq_spark.spark._columns import CELL, COUNT, GID, KEY_HASH, MECHANISM, UNITS
 from dpq_spark.spark._heap import trim_heap
@@ -613,12 +614,12 @@ def _release_partition(batches, params: ReleaseParams, sink):
     m = len(params.quantiles)
     for part in output_blocks(_release_sink(sink, params, units_of, hash_of)):
         g = len(part.gids)
-        values = pa.array(np.ravel(part.values), type=pa.float64())
+        values = arrow.numeric(part.values, pa.float64())
         yield pa.RecordBatch.from_arrays(
-            [pa.array(part.gids, type=pa.int64()),
-             pa.ListArray.from_arrays(pa.array(np.arange(0, m * g + 1, m, dtype=np.int32)),
+            [arrow.numeric(part.gids, pa.int64()),
+             pa.ListArray.from_arrays(arrow.numeric(np.arange(0, m * g + 1, m), pa.int32()),
                                       values),
-             pa.array(part.names, type=pa.string())],
+             arrow.strings(part.names)],
             names=[GID, "value", MECHANISM])
 
 
@@ -690,10 +691,10 @@ def _release_keyed(batches, params: ReleaseParams, sink):
         if batch.num_rows == 0:
             continue
         gids = index.gids([batch.column(k) for k in params.keys])
-        cells = batch.column(CELL).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        cells = arrow.to_numpy(batch.column(CELL)).astype(np.int64, copy=False)
         sink.add(gids * span + cells)
         if with_units:
-            weights = batch.column(UNITS).to_numpy(zero_copy_only=False).astype(np.float64)
+            weights = arrow.to_numpy(batch.column(UNITS)).astype(np.float64)
             add = np.bincount(gids, weights=weights, minlength=index.size).astype(np.int64)
             units = np.concatenate([units, np.zeros(len(add) - len(units), dtype=np.int64)]) + add
     units_of = (lambda gid: int(units[gid])) if with_units else (lambda gid: None)
@@ -709,10 +710,11 @@ def _release_keyed(batches, params: ReleaseParams, sink):
         if keys is None:
             keys = index.table()
         g, m = part.values.shape
-        picked = keys.take(pa.array(np.repeat(part.gids, m), type=pa.int64()))
+        picked = keys.take(arrow.numeric(np.repeat(part.gids, m), pa.int64()))
         arrays = [picked.column(k).combine_chunks() for k in params.keys]
-        arrays += [pa.array(np.tile(q[:m], g), type=pa.float64()),
-                   pa.array(np.ravel(part.values), type=pa.float64()),
-                   pa.array(np.repeat(np.array(part.names, dtype=object), m), type=pa.string())]
+        arrays += [arrow.numeric(np.tile(q[:m], g), pa.float64()),
+                   arrow.numeric(part.values, pa.float64()),
+                   arrow.strings(part.names).take(arrow.numeric(np.repeat(np.arange(g), m),
+                                                                pa.int64()))]
         yield pa.RecordBatch.from_arrays(arrays, names=[*params.keys, "quantile", "value",
                                                         MECHANISM])
