@@ -4,8 +4,8 @@
 Arrow array) import pandas on their first call (0.26 s on the benchmark machine), even for a
 numpy array, a list of strings or an int64 column. A Python worker that runs a release has no
 other use for pandas, so the worker-side modules convert here: numeric arrays both ways as
-zero-copy views of their buffers, strings from their UTF-8 bytes and offsets. ``tests/spark/test_worker_imports.py`` runs a release body and checks that pandas stays
-out.
+zero-copy views of their buffers, strings from their UTF-8 bytes and offsets.
+``tests/spark/test_worker_imports.py`` runs the release bodies and checks that pandas stays out.
 """
 
 from __future__ import annotations

@@ -145,8 +145,8 @@ def _packed(buffered, span: int, shift: int) -> pa.RecordBatch:
             np.zeros(n + 1, dtype=np.int32)), pa.py_buffer(b"")])
     else:
         counts_column = blob(counts)
-    return pa.RecordBatch.from_arrays([numeric(bucket[first], pa.int64()), blob(codes), counts_column],
-                                      names=[BUCKET, CODES, COUNTS])
+    return pa.RecordBatch.from_arrays([numeric(bucket[first], pa.int64()), blob(codes),
+                                       counts_column], names=[BUCKET, CODES, COUNTS])
 
 
 def int64s(column) -> tuple[np.ndarray, np.ndarray]:
