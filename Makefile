@@ -28,11 +28,11 @@ $(STAMP35): pyproject.toml
 
 # pytest exits 5 when it collected no test; that is not a failure of the code.
 test: $(STAMP) pg-server
-	@echo "make test: pyspark 4.x, all tests (about 8 minutes on 2 idle cores)"
+	@echo "make test: pyspark 4.x, all tests (about 15-18 minutes on 2 idle cores)"
 	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
 
 test-spark35: $(STAMP35) pg-server
-	@echo "make test-spark35: pyspark 3.5, Spark and job tests (about 5 minutes on 2 idle cores)"
+	@echo "make test-spark35: pyspark 3.5, Spark and job tests (about 8-9 minutes on 2 idle cores)"
 	$(PY35) -m pytest -q $(SPARK35_TESTS) || [ $$? -eq 5 ]
 
 # The ledger tests start their own PostgreSQL server (127.0.0.1, ephemeral port, temp data dir,
