@@ -28,7 +28,7 @@ $(STAMP35): pyproject.toml
 
 # pytest exits 5 when it collected no test; that is not a failure of the code.
 test: $(STAMP) pg-server
-	@echo "make test: pyspark 4.x, all tests (about 15-18 minutes on 2 idle cores)"
+	@echo "make test: pyspark 4.x, all tests (about 14-18 minutes on 2 idle cores)"
 	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
 
 test-spark35: $(STAMP35) pg-server
