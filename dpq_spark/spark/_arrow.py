@@ -16,10 +16,22 @@ import pyarrow as pa
 __all__ = ["binary_value", "numeric", "scalar", "strings", "to_numpy"]
 
 
+def _dtype(kind: pa.DataType) -> np.dtype:
+    """The numpy dtype of an integral or floating Arrow type (``to_pandas_dtype`` imports
+    pandas in some pyarrow versions)."""
+    if pa.types.is_floating(kind):
+        letter = "f"
+    elif pa.types.is_integer(kind):
+        letter = "i" if pa.types.is_signed_integer(kind) else "u"
+    else:
+        raise TypeError(f"not an integral or floating Arrow type: {kind}")
+    return np.dtype(f"<{letter}{kind.bit_width // 8}")
+
+
 def numeric(values, type: pa.DataType) -> pa.Array:
     """``values`` (array_like) as an Arrow array of the fixed-width numeric ``type``, no nulls;
     a contiguous numpy array of the matching dtype is not copied."""
-    data = np.ascontiguousarray(values, dtype=type.to_pandas_dtype()).reshape(-1)
+    data = np.ascontiguousarray(values, dtype=_dtype(type)).reshape(-1)
     return pa.Array.from_buffers(type, data.size, [None, pa.py_buffer(data)])
 
 
@@ -67,6 +79,6 @@ def to_numpy(array: pa.Array) -> np.ndarray:
             .astype(bool)
     if array.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
         return array.to_numpy(zero_copy_only=False)
-    dtype = np.dtype(kind.to_pandas_dtype())
+    dtype = _dtype(kind)
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array),
                          offset=array.offset * dtype.itemsize)
