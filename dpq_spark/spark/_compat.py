@@ -73,9 +73,13 @@ def create_dataframe(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
     """A DataFrame over the local rows of ``table`` (column names and order as in ``schema``)."""
     if _SPARK4:
         return spark.createDataFrame(table, schema=schema)
-    if any(_holds_nan(c) for c in table.columns):
-        # pandas -> Arrow would turn NaN into null (also inside arrays: the wide layout of a
-        # group flagged bounds_not_found): go through Python rows (NaN stays NaN)
+    arrow = spark.conf.get("spark.sql.execution.arrow.pyspark.enabled", "false").lower() == "true"
+    if not arrow or any(_holds_nan(c) for c in table.columns):
+        # Go through Python rows (NaN stays NaN, floats are Python floats) where pandas would not
+        # do: pandas -> Arrow would turn NaN into null (also inside arrays: the wide layout of a
+        # group flagged bounds_not_found), and without Arrow conversions (pyspark 3.5's
+        # default) createDataFrame checks each value's exact type and refuses numpy's floats
+        # inside the wide layout's arrays
         rows = [tuple(r[name] for name in table.column_names) for r in table.to_pylist()]
         return spark.createDataFrame(rows, schema=schema)
     # integer_object_nulls: an integer column with a null stays integers (float64 would round)

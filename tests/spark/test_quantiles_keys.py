@@ -288,6 +288,27 @@ def test_reading_the_result_runs_no_job_and_sees_one_release(spark, kw, nan):
         [(_marker(r["g"]), r["quantile"]) for r in first]
 
 
+@pytest.mark.parametrize("layout", ["wide", "long"])
+def test_a_session_without_arrow_conversions_gets_its_release(spark, layout):
+    """pyspark 3.5's default session has Arrow conversions off; its ``createDataFrame`` then
+    checks each value's exact Python type and refused numpy's floats inside the wide layout's
+    arrays. The result is built from Python rows there (on 4.x from the Arrow table either
+    way), with the same values."""
+    df = spark.createDataFrame([(i % 3, float(i % 97)) for i in range(3000)], "g long, x double")
+    key = "spark.sql.execution.arrow.pyspark.enabled"
+    kw = dict(quantiles=[0.25, 0.5], epsilon=1e6, lower=0.0, upper=100.0, group_by="g",
+              groups=[0, 1, 2], layout=layout, rng=np.random.default_rng(3))
+    with_arrow = dp_quantiles(df, "x", **kw).collect()
+    spark.conf.set(key, "false")
+    try:
+        kw["rng"] = np.random.default_rng(3)
+        without = dp_quantiles(df, "x", **kw).collect()
+    finally:
+        spark.conf.set(key, "true")
+    assert len(without) == (3 if layout == "wide" else 6)
+    assert [r.asDict() for r in without] == [r.asDict() for r in with_arrow]
+
+
 # --------------------------------------------------------------------------------------------
 # Driver-side order == Spark's orderBy(asc_nulls_first)
 
