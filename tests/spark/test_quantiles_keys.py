@@ -299,12 +299,13 @@ def test_a_session_without_arrow_conversions_gets_its_release(spark, layout):
     kw = dict(quantiles=[0.25, 0.5], epsilon=1e6, lower=0.0, upper=100.0, group_by="g",
               groups=[0, 1, 2], layout=layout, rng=np.random.default_rng(3))
     with_arrow = dp_quantiles(df, "x", **kw).collect()
+    before = spark.conf.get(key)
     spark.conf.set(key, "false")
     try:
         kw["rng"] = np.random.default_rng(3)
         without = dp_quantiles(df, "x", **kw).collect()
     finally:
-        spark.conf.set(key, "true")
+        spark.conf.set(key, before)
     assert len(without) == (3 if layout == "wide" else 6)
     assert [r.asDict() for r in without] == [r.asDict() for r in with_arrow]
 
