@@ -32,7 +32,7 @@ test: $(STAMP) pg-server
 	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
 
 test-spark35: $(STAMP35) pg-server
-	@echo "make test-spark35: pyspark 3.5, Spark and job tests (about 8-9 minutes on 2 idle cores)"
+	@echo "make test-spark35: pyspark 3.5, Spark and job tests, Arrow conversions $${DPQ_TEST_ARROW:-true} (about 8-9 minutes on 2 idle cores)"
 	$(PY35) -m pytest -q $(SPARK35_TESTS) || [ $$? -eq 5 ]
 
 # The ledger tests start their own PostgreSQL server (127.0.0.1, ephemeral port, temp data dir,

@@ -21,7 +21,8 @@ SPARK_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # DPQ_TEST_ARROW=false runs the suite with Arrow conversions off, pyspark 3.5's default
+    "spark.sql.execution.arrow.pyspark.enabled": os.environ.get("DPQ_TEST_ARROW", "true"),
     "spark.default.parallelism": "2",
     "spark.driver.memory": "2g",
 }

@@ -416,8 +416,7 @@ create = true
     (tmp_path / "bad.csv").write_text("g\n300\n3e2\n")
     assert main(["--config", config("badfile", "g", f'path = "{tmp_path / "bad.csv"}"')]) == 2
     assert "key '3e2'" in caplog.text and "needs an integer" in caplog.text
-    spark.createDataFrame(pd.DataFrame({"g": np.array([300], dtype=np.int32)})).write.parquet(
-        str(tmp_path / "keys32.parquet"))
+    spark.createDataFrame([(300,)], "g int").write.parquet(str(tmp_path / "keys32.parquet"))
     assert main(["--config", config("narrow", "g", f'path = "{tmp_path / "keys32.parquet"}"\n'
                                                    'format = "parquet"')]) == 2
     assert "column 'g' of type int, but the input's 'g' is bigint; keys are never cast" in \

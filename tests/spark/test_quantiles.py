@@ -29,10 +29,12 @@ def exact(values, quantiles=Q):
 def expected_frame(spark, rows, key_cols, schema_keys, mechanism="approx_quantiles"):
     """Expected release; ``mechanism`` is the name the ``mechanism`` column must hold (for
     ``"auto"`` with m = 3 quantiles and a huge epsilon, ApproxQuantiles)."""
-    cols = [*key_cols, "quantile", "value", "mechanism"]
     ddl = ", ".join([*schema_keys, "quantile double", "value double", "mechanism string"])
-    rows = [(*row, mechanism) for row in rows]
-    return spark.createDataFrame(pd.DataFrame(rows, columns=cols), ddl) if rows else spark.createDataFrame([], ddl)
+    # Python values (None stays None, numpy scalars become ints and floats), so that the frame
+    # is built the same way with Arrow conversions on or off
+    rows = [tuple(v.item() if isinstance(v, np.generic) else v for v in (*row, mechanism))
+            for row in rows]
+    return spark.createDataFrame(rows, ddl)
 
 
 @pytest.fixture(scope="module")
