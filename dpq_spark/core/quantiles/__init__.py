@@ -10,6 +10,7 @@ Around them: :mod:`~dpq_spark.core.quantiles.bounds` (private bounds),
 :mod:`~dpq_spark.core.quantiles.batch_private_bounds` (many groups, each with private bounds).
 Building blocks: :mod:`~dpq_spark.core.quantiles.single_quantile` (the one-quantile exponential
 mechanism), :mod:`~dpq_spark.core.quantiles.joint_exp_many` (JointExp's sampler batched),
+:mod:`~dpq_spark.core.quantiles.joint_exp_envelope` (JointExp's draws outside its bands),
 :mod:`~dpq_spark.core.quantiles.coarse_bands` (which cells JointExp can reach),
 :mod:`~dpq_spark.core.quantiles.smooth_sensitivity`, and the private helpers ``_logscan``,
 ``_request`` and ``_sorted_data``.

@@ -118,8 +118,9 @@ from dpq_spark.core.randomness.grid import (
     uniform_multisets,
 )
 from dpq_spark.core.quantiles._logscan import lgamma
-from dpq_spark.core.quantiles.joint_exp import (_LOG_BAND_TOL, _bands, _deviation_bands, _grid_cells,
-                                                _narrower, _tie_rank, _weighted_box_bound)
+from dpq_spark.core.quantiles.joint_exp import (_ENVELOPE_NATS, _band_set, _bands, _deviation_bands,
+                                                _grid_cells, _tie_rank, _weighted_box_bound)
+from dpq_spark.core.quantiles.joint_exp_envelope import Bands, box_ranges, components
 from dpq_spark.core.quantiles.joint_exp_many import CELLS_HELD
 from dpq_spark.core.quantiles.joint_exp_many import _sample_many as _joint_many
 from dpq_spark.core.quantiles.sized_tree import SIZED_TREES
@@ -706,7 +707,7 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
         done, draws = _enumerate_cells(pts, mul, d, q, c, sizes[pick], source)
         slow = np.sort(np.concatenate([slow, pick[~done]]))
         out[pick[done]] = draws
-    many, cells_list, lo_list, hi_list, held = [], [], [], [], 0
+    many, cells_list, band_list, held = [], [], [], 0
     enumerable = _enumerable(m)
     for chunk, cells_of, band_of in _slow_cells(k, counts, bounds, members, slow, q, c, sizes):
         for i, g in enumerate(chunk.tolist()):
@@ -716,18 +717,29 @@ def _joint_exps(k, counts, bounds, members, q, eps, relation, size, source) -> n
                 continue
             many.append(g)
             cells_list.append(cells)
-            lo_g, hi_g = band_of(i)
-            lo_list.append(lo_g)
-            hi_list.append(hi_g)
+            band_list.append(band_of(i))
             held += cells[1].size
             if held >= CELLS_HELD:  # sample these before building more (groups are independent)
                 out[many] = _joint_many(cells_list, q, c, sizes[many], source,
-                                        bands=(np.stack(lo_list), np.stack(hi_list)))
-                many, cells_list, lo_list, hi_list, held = [], [], [], [], 0
+                                        bands=_gather_bands(band_list))
+                many, cells_list, band_list, held = [], [], [], 0
     if many:
         out[many] = _joint_many(cells_list, q, c, sizes[many], source,
-                                bands=(np.stack(lo_list), np.stack(hi_list)))
+                                bands=_gather_bands(band_list))
     return out
+
+
+def _gather_bands(parts: list) -> Bands:
+    """The :class:`Bands` of the groups ``parts`` names, in order: each a ``(bands, row)`` of
+    :func:`_slow_cells`' ``band_of`` (runs of rows of one chunk's bands taken at once)."""
+    runs, rows = [], []
+    for i, (bands, row) in enumerate(parts):
+        if i and bands is not parts[i - 1][0]:
+            runs.append(parts[i - 1][0].take(np.array(rows)))
+            rows = []
+        rows.append(row)
+    runs.append(parts[-1][0].take(np.array(rows)))
+    return runs[0] if len(runs) == 1 else Bands.stack(runs)
 
 
 #: groups whose cells and bands :func:`_slow_cells` builds together (its (G, m, 65) arrays of
@@ -743,7 +755,8 @@ def _slow_cells(k, counts, bounds, members, slow, q, c, grid_sizes):
     chunk: yields ``(chunk, cells_of, band_of)``, ``chunk`` the positions (into ``members``) of
     a run of them, ``cells_of(i)`` the :func:`~dpq_spark.core.quantiles.joint_exp._grid_cells`
     tuple of the chunk's i-th group (views into flat arrays built for the whole chunk by
-    :func:`_flat_cells`) and ``band_of(i)`` its ``_bands`` (:func:`_flat_bands`). A chunk holds at most ``_CELL_GROUPS`` groups and
+    :func:`_flat_cells`) and ``band_of(i)`` its bands, ``(bands, row)``: row ``row`` of a
+    :class:`Bands` (:func:`_flat_bands`, or ``_bands`` alone). A chunk holds at most ``_CELL_GROUPS`` groups and
     ``_CELL_ROWS`` rows (or one larger group), so memory stays bounded; a group without a
     positive count (one cell, the whole grid) gets its cells from ``_grid_cells``. Chunking
     only groups independent draws, so no distribution changes."""
@@ -762,10 +775,11 @@ def _slow_cells(k, counts, bounds, members, slow, q, c, grid_sizes):
                                                                  side="right"))))
         chunk = slow[a:b]
         flat = chunk[live[a:b]]
+        bands = None
         if flat.size:
             start, width, log_width, pos, n, coff = _flat_cells(k, counts, bounds, members[flat],
                                                                 grid_sizes[flat])
-            lo, hi = _flat_bands(start, width, log_width, pos, n, coff, q, c, grid_sizes[flat])
+            bands = _flat_bands(start, width, log_width, pos, n, coff, q, c, grid_sizes[flat])
         where = np.cumsum(live[a:b]) - 1  # a live group's place among the chunk's live ones
 
         def cells_of(i, where=where, live=live[a:b], chunk=chunk):
@@ -777,10 +791,12 @@ def _slow_cells(k, counts, bounds, members, slow, q, c, grid_sizes):
             x, y = int(coff[j]), int(coff[j + 1])
             return start[x + j:y + j + 1], width[x:y], log_width[x:y], pos[x:y], int(n[j])
 
-        def band_of(i, where=where, live=live[a:b], chunk=chunk):
+        def band_of(i, where=where, live=live[a:b], chunk=chunk, bands=bands):
             if not live[i]:
-                return _bands(*cells_of(i), q, c, int(grid_sizes[chunk[i]]))
-            return lo[int(where[i])], hi[int(where[i])]
+                start_i, _, _, pos_i, n_i = cells = cells_of(i)
+                lo_i, hi_i, h_i = _bands(*cells, q, c, int(grid_sizes[chunk[i]]))
+                return _band_set(start_i, pos_i, n_i, q, c, lo_i, hi_i, h_i), 0
+            return bands, int(where[i])
 
         yield chunk, cells_of, band_of
         a = b
@@ -1300,13 +1316,13 @@ class _GroupSearch:
         return below - self.coff[:-1].reshape(per_row)
 
 
-def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
+def _flat_bands(start, width, log_width, pos, n, coff, q, c, size) -> Bands:
     """:func:`~dpq_spark.core.quantiles.joint_exp._bands` of every group of :func:`_flat_cells`
-    (grids of ``size`` points, one number or one per group) at once: ``(lo, hi)`` of shape
-    ``(G, m)``, local cell indices, the same integers as
-    ``_bands`` gives each group alone (the same float64 operations in the same order; sums
-    over a group's m or m + 1 terms are row reductions of contiguous rows, which numpy adds as
-    it adds the 1-d array; tested on many groups)."""
+    (grids of ``size`` points, one number or one per group) at once, with what their envelopes
+    need (:class:`~dpq_spark.core.quantiles.joint_exp_envelope.Bands`): the same integers and
+    half-widths as ``_bands`` gives each group alone (the same float64 operations in the same
+    order; sums over a group's m or m + 1 terms are row reductions of contiguous rows, which
+    numpy adds as it adds the 1-d array; tested on many groups)."""
     m = q.size
     G = n.size
     K = np.diff(coff)
@@ -1323,33 +1339,38 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size):
     best = np.argmax(score, axis=2)
     ref = np.maximum.accumulate(np.take_along_axis(cand, best[:, :, None], axis=2)[:, :, 0],
                                 axis=1)
-    keep_lo, keep_hi = ref, ref + 1
     log_z_low = _flat_sequence_weight(ref + base, width, log_width, pos, nf, q, c)
     # Lower bound 2: boxes, where every group's boxes exist and beat bound 1.
-    box, box_lo, box_hi = _flat_boxes(start, pos, n, coff, q, c, in_groups)
-    better = np.isfinite(box) & (box > log_z_low)
-    log_z_low = np.where(better, box, log_z_low)
-    keep_lo = np.where(better[:, None], box_lo, keep_lo)
-    keep_hi = np.where(better[:, None], box_hi, keep_hi)
+    box = _flat_boxes(start, pos, n, coff, q, c, in_groups)[0]
+    log_z_low = np.where(np.isfinite(box) & (box > log_z_low), box, log_z_low)
     j = np.arange(1, m + 1)
     # per group, the numbers _bands computes with math.log on its own size
     sizes, at = np.unique(np.broadcast_to(np.asarray(size, np.int64), (G,)), return_inverse=True)
     log_sm = np.array([math.log(s + m) for s in sizes.tolist()])[at]
     log_s = np.array([math.log(s) for s in sizes.tolist()])[at]
     log_volume = (m - 1) * log_sm[:, None] - lgamma(j)[None, :] - lgamma(m - j + 1)[None, :]
-    slack = (log_volume + log_s[:, None] + math.log(m) + _LOG_BAND_TOL
+    slack = (log_volume + log_s[:, None] + math.log(m) - _ENVELOPE_NATS
              - log_z_low[:, None])
     half = np.maximum(slack, 0.0) / (2.0 * c)
-    lo = in_groups(cum_target - half, "left")
-    hi = in_groups(cum_target + half, "right")
-    lo, hi = np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
-    # The deviation bound's bands, where narrower (the numbers of _bands, group by group).
     log_z_new = np.maximum(log_z_low,
                            _weighted_box_bound(log_width, pos, n, coff, q, c, in_groups))
-    new_lo, new_hi = _deviation_bands(start, n, coff, q, c, in_groups,
-                                      log_sm, log_z_new, half.max(axis=1), ref)
-    narrower = _narrower(new_lo, new_hi, lo, hi)[:, None]
-    return np.where(narrower, new_lo, lo), np.where(narrower, new_hi, hi)
+    lo, hi, h = _deviation_bands(start, n, coff, q, c, in_groups, log_sm, log_z_new,
+                                 half.max(axis=1), ref)
+    sbase = (coff[:-1] + np.arange(G))[:, None]  # group g's starts begin at coff[g] + g
+    # the envelopes' boxes, of the groups with tuples outside their bands (the others have none)
+    L = components(m)
+    g_lo = np.zeros((G, m, L), dtype=np.int64)
+    g_hi = np.zeros((G, m, L), dtype=np.int64)
+    out = np.flatnonzero(np.isfinite(h))
+    if out.size == G:
+        g_lo, g_hi = box_ranges(h, start, sbase[:, 0], n, q, c, in_groups)
+    elif out.size:
+        def search(x, side):  # the rows of x are the groups `out`
+            full = np.zeros((G,) + x.shape[1:])
+            full[out] = x
+            return in_groups(full, side)[out]
+        g_lo[out], g_hi[out] = box_ranges(h[out], start, sbase[out, 0], n[out], q, c, search)
+    return Bands(lo, hi, h, g_lo, g_hi, start[lo + sbase], start[hi + sbase])
 
 
 def _flat_sequence_weight(seq, width, log_width, pos, n, q, c) -> np.ndarray:

@@ -76,24 +76,29 @@ Three facts make the sampler fast without changing its distribution:
    positions of length ``0.75 t_j`` (van Herk / Gil-Werman); only the order of positions matters,
    so half-integer ranks change nothing. Every sum adds positive terms only
    (:mod:`dpq_spark.core.quantiles._logscan`), so small entries keep their relative precision.
-3. *Bands.* Write ``d_k = rho(o_k) - P_k`` for an output tuple's rank deviations (``d_0 = d_{m+1}
-   = 0``); then ``u(o) = -sum_{k=1}^{m+1} |d_k - d_{k-1}|``, the total variation of the path
-   ``0, d_1, ..., d_m, 0``. Two upper bounds on the mass left out and three lower bounds on the
-   normaliser set the bands (:func:`_bands`):
+3. *Bands and their envelope.* Write ``d_k = rho(o_k) - P_k`` for an output tuple's rank
+   deviations (``d_0 = d_{m+1} = 0``); then ``u(o) = -sum_{k=1}^{m+1} |d_k - d_{k-1}|``, the
+   total variation of the path ``0, d_1, ..., d_m, 0``, so a tuple whose largest deviation is
+   ``D = max_k |d_k|`` has ``u <= -2 D``. The forward and backward passes run on bands: output
+   k keeps the cells within ``h`` ranks of ``P_k`` (and a reference cell). The tuples outside
+   the bands are not dropped: :mod:`~dpq_spark.core.quantiles.joint_exp_envelope` dominates
+   them by an envelope of total mass ``B`` (uniform tuples near the targets, weighted by
+   ``exp(-2 c M)`` for ``D`` in ``(M, M']``), and each draw first chooses the bands or the
+   envelope with probabilities ``Z_N : B`` (``Z_N`` the mass inside the bands, from the forward
+   pass), keeping an envelope proposal with probability ``p / E`` if it lies outside the bands
+   and starting again otherwise. Every sorted tuple then has probability exactly ``p(o) / Z``:
+   the bands set the cost, not the law. :func:`_bands` takes the smallest ``h`` whose envelope
+   bound is at most ``exp(-2)`` of a lower bound on ``Z`` (so a round leaves the bands with
+   probability below 12%), found by a few Newton steps on the bound:
 
-   - *Union bound.* A tuple with output j in cell i has ``u <= -2 |p_i - P_j|`` (the path goes
-     to ``d_j`` and back), and there are at most ``w_i (S + m)^{m-1} / ((j-1)! (m-j)!)`` such
-     tuples (``S = N + 1`` grid points; sorted r-tuples of S points number
-     ``C(S + r - 1, r) <= (S + m)^r / r!``); summed over every pruned (j, i)
-     (``sum_i w_i <= S``, m values of j).
-   - *Deviation bound* (:func:`_deviation_log_mass`). A tuple whose largest deviation
-     ``D = max_k |d_k|`` lies in ``(M, M']`` has ``u <= -2 D < -2 M`` and all its outputs
-     within ``M'`` ranks of their targets: there are at most ``prod_k G_k(M')`` of them,
-     ``G_k(M')`` the grid points of the cells within ``M'`` of ``P_k``. Cutting ``D > h`` into
-     intervals ``(h + (2**l - 1) / (2 c), h + (2**(l+1) - 1) / (2 c)]`` and a tail (at most
-     ``C(S + m - 1, m)`` tuples) bounds the mass of every tuple with some output farther than h
-     from its target. Unlike the union bound it counts only tuples near the targets, so at
-     deciles of 1,000-100,000 rows it keeps 23-47% fewer cells (epsilon 1).
+   - *Deviation bound* (:func:`_deviation_log_mass`). A tuple whose largest deviation ``D``
+     lies in ``(M, M']`` has ``u <= -2 D < -2 M`` and all its outputs within ``M'`` ranks of
+     their targets: there are at most ``prod_k G_k(M')`` of them, ``G_k(M')`` the grid points
+     of the cells within ``M'`` of ``P_k``. Cutting ``D > h`` into intervals
+     ``(h + (2**l - 1) / (2 c), h + (2**(l+1) - 1) / (2 c)]`` and a tail (at most
+     ``C(S + m - 1, m)`` tuples, ``S = N + 1`` grid points) bounds the mass of every tuple with
+     some output farther than h from its target; the envelope is the same sum (its tail counts
+     ``S**m`` ordered tuples).
    - *Lower bounds.* The mass of one reference cell sequence near the true quantiles; that of a
      product of disjoint boxes around them, each counted by its number of grid points at its
      largest deviation (:func:`_box_lower_bound`); and that of the same kind of product with
@@ -101,13 +106,10 @@ Three facts make the sampler fast without changing its distribution:
      exp(-2 c |p_i - P_j|)`` (:func:`_weighted_box_bound`: one grid point per box is a sorted
      tuple, and ``u >= -2 sum_k |d_k|`` by the triangle inequality).
 
-   Cells whose bound stays below ``2**-60`` of the lower bound are left out: with the union
-   bound, those of output j farther than its own half-width; with the deviation bound, those
-   farther than h from their target (each band keeping its reference cell). Whichever of the two
-   keeps fewer cells in all is used; either bounds the left-out mass against the normaliser
-   ``Z`` of every tuple, so the bands need not hold the lower bound's tuples (the union bound's
-   keep them nonetheless). The bounds hold
-   for any data, so choosing between them by the data changes nothing below.
+   On N(0, 5) deciles at epsilon 1 the bands keep about 1,300 cells of 9 steps (h of about 70
+   ranks) at 1,000 to 100,000 rows, against about 2,800 when cells were pruned once their
+   mass stayed below ``2**-60`` of the normaliser. When the search finds no half-width, or the
+   bands hold every cell, nothing lies outside them and no round is drawn.
 
 Exact draws. The cell sequence is drawn backwards (last output's cell, then run lengths and
 predecessor cells) by :func:`~dpq_spark.core.randomness.grid.draw_index`, which picks index r with
@@ -122,20 +124,23 @@ in one pass (for :func:`dpq_spark.core.quantiles.batch.release_many` and the Spa
 sampler stays the single-group one, which is faster for one group.
 
 Guarantee as implemented. Write ``P`` for the exact mechanism above and ``P~`` for what the code
-samples. (i) Band pruning: ``P~`` targets ``P`` conditioned on the kept cells, which differs from
-``P`` by total variation ``< 2**-60``. (ii) Run truncation: every run sum is low by a relative
+samples. (i) No pruning: the envelope's rounds make ``P~`` target ``P`` over every sorted tuple,
+the bands only set the cost; the round's choice uses ``Z_N`` from the forward pass (error as in
+(iii)) and the envelope's float64 sums, a few roundings each. (ii) Run truncation: every run sum is low by a relative
 ``<= 2**-72``; positive sums compound this to ``<= m 2**-72`` on any weight. (iii) Forward-pass
 rounding: every log weight ``l~`` is a sum/log-sum-exp chain of at most ``16 m`` correctly rounded
 float64 operations on numbers of magnitude at most ``M = 3 c n + m log(S + m) + 800``, so its
 absolute error is at most ``gamma = 16 m 2**-52 M`` (first-order error analysis; not
 machine-checked). (iv) ``exp`` rounds with relative error ``2**-52``; weights below ``2**-1074``
 of the largest underflow to 0 (total variation ``< K 2**-1074``). Each conditional probability
-of the backward pass (at most 2m of them) is a ratio of such weights, so every output's
-probability under ``P~`` is within a factor ``exp(theta)`` of the pruned target, with
-``theta = 4 m (gamma + 2**-52) + m 2**-71``. Hence the implementation is
+of the backward pass (at most 2m of them) is a ratio of such weights, and the round's choice and
+an envelope tuple's keep test add at most four more such factors, so every output's probability
+under ``P~`` is within a factor ``exp(theta)`` of ``P``, with
+``theta = (4 m + 4) (gamma + 2**-52) + m 2**-71``. Hence the implementation is
 ``(epsilon + eta, delta)``-DP with ``eta = 2 theta`` and
-``delta = (1 + exp(epsilon + eta)) 2**-59``. Example: n = 1e6, m = 30, eps = 1 (c = 0.26):
-``M = 7.8e5``, ``gamma = 8.3e-8``, ``eta = 2.0e-5``, ``delta = 6.5e-18``. The uniform draws
+``delta = (1 + exp(epsilon + eta)) 2**-59`` (from the partial split of ties above and (iv)).
+Example: n = 1e6, m = 30, eps = 1 (c = 0.26): ``M = 7.8e5``, ``gamma = 8.3e-8``,
+``eta = 2.1e-5``, ``delta = 6.5e-18``. The uniform draws
 inside cells are exact. (Exact "interval refining" that removes ``eta`` is not implemented.)
 The batched sampler for many groups (:mod:`~dpq_spark.core.quantiles.joint_exp_many`, which the
 Spark path runs) keeps every run sum whole and states its own rounding bound, ``gamma_many``,
@@ -150,6 +155,8 @@ import math
 import numpy as np
 
 from dpq_spark.core.quantiles.coarse_bands import mechanism_band
+from dpq_spark.core.quantiles.joint_exp_envelope import (Bands, Envelope, box_ranges, components,
+                                                         draw_outside, log_totals)
 from dpq_spark.core.quantiles._logscan import (
     lgamma,
     logaddexp,
@@ -166,7 +173,9 @@ from dpq_spark.core.accounting.neighboring import NeighboringRelation, joint_exp
 __all__ = ["joint_exp", "joint_exp_indices"]
 
 _LOG_RUN_TOL = 72 * math.log(2.0)  # run-sum truncation: remaining terms < 2**-72 of the sum
-_LOG_BAND_TOL = 60 * math.log(2.0)  # band pruning: pruned mass < 2**-60 of the normaliser
+#: the sampler's bands: the envelope of the tuples outside them weighs at most exp(-2) of a
+#: lower bound on the normaliser, so that a draw's round leaves them with probability below 12%
+_ENVELOPE_NATS = 2.0
 
 
 def joint_exp(
@@ -411,7 +420,12 @@ def _grid_cells(idx: np.ndarray, counts: np.ndarray | None, size: int):
 
 
 def _bands(start, width, log_width, pos, n, q, c, size):
-    """Contiguous ranges ``[lo_j, hi_j)`` of cells that step j must keep (see module docstring)."""
+    """The sampler's bands (module docstring, "Bands"): ``(lo, hi, h)``, contiguous ranges
+    ``[lo_j, hi_j)`` of cells for step j, each holding every cell of rank within ``h`` of its
+    target (and the reference cell), ``h`` the smallest half-width the search finds whose
+    envelope mass is at most ``exp(-_ENVELOPE_NATS)`` of a lower bound on the normaliser.
+    ``h = inf`` when the bands hold every cell (nothing lies outside them), also when the
+    search finds no such half-width."""
     m = q.size
     K = pos.size
     cum_target = q * n  # P_j
@@ -422,22 +436,15 @@ def _bands(start, width, log_width, pos, n, q, c, size):
     cand = np.clip(centre[:, None] + span[None, :], 0, K - 1)
     score = log_width[cand] - 2.0 * c * np.abs(pos[cand] - cum_target[:, None])
     ref = np.maximum.accumulate(cand[np.arange(m), np.argmax(score, axis=1)])
-    keep_lo, keep_hi = ref, ref + 1
     log_z_low = _log_sequence_weight(ref, width, log_width, pos, n, q, c)
     boxes = _box_lower_bound(start, pos, n, q, c)
     if boxes is not None and boxes[0] > log_z_low:
-        log_z_low, keep_lo, keep_hi = boxes
+        log_z_low = boxes[0]
+    # The search starts from the union bound's half-width (module docstring).
     j = np.arange(1, m + 1)
-    # Sorted r-tuples of the `size` grid points: C(size + r - 1, r) <= (size + m)^r / r!.
     log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
-    slack = log_volume + math.log(size) + math.log(m) + _LOG_BAND_TOL - log_z_low
+    slack = log_volume + math.log(size) + math.log(m) - _ENVELOPE_NATS - log_z_low
     half = np.maximum(slack, 0.0) / (2.0 * c)
-    lo = np.searchsorted(pos, cum_target - half, side="left")
-    hi = np.searchsorted(pos, cum_target + half, side="right")
-    # The union bound's bands also keep the sequences behind the lower bound (the bound itself
-    # does not need them: the left-out mass is bounded against the whole normaliser).
-    lo, hi = np.minimum(lo, keep_lo), np.maximum(hi, keep_hi)
-    # The bands of the deviation bound, where they keep fewer cells.
     one = np.array([0, K], dtype=np.int64)
     n_arr = np.array([n], dtype=np.int64)
 
@@ -446,19 +453,15 @@ def _bands(start, width, log_width, pos, n, q, c, size):
 
     log_z_new = np.maximum(np.array([log_z_low]),
                            _weighted_box_bound(log_width, pos, n_arr, one, q, c, search))
-    new_lo, new_hi = _deviation_bands(start, n_arr, one, q, c, search,
-                                      np.array([math.log(size + m)]), log_z_new,
-                                      half[None, :].max(axis=1), ref[None, :])
-    if _narrower(new_lo, new_hi, lo[None, :], hi[None, :])[0]:
-        return new_lo[0], new_hi[0]
-    return lo, hi
+    lo, hi, h = _deviation_bands(start, n_arr, one, q, c, search,
+                                 np.array([math.log(size + m)]), log_z_new,
+                                 half[None, :].max(axis=1), ref[None, :])
+    return lo[0], hi[0], float(h[0])
 
 
 #: Newton steps of the search for the deviation bound's smallest half-width (the third moves h
 #: by a rank or two, the fourth by less than one)
 _DEVIATION_NEWTON = 3
-#: nats kept below the target, against rounding in the bound's own evaluation
-_DEVIATION_MARGIN = 2.0**-20
 #: the weighted boxes reach at most this many nats of decay from their target (16: their bound
 #: is within 3e-6 nats of the whole box's on N(0, 5) deciles at eps 0.1-10, with a third fewer
 #: cells)
@@ -494,11 +497,12 @@ def _deviation_log_mass(h, start, n, coff, q, c, search, log_sm) -> np.ndarray:
 
 
 def _deviation_bands(start, n, coff, q, c, search, log_sm, log_z_low, h0, ref):
-    """Bands of the deviation bound for G groups of cells at once: ``(lo, hi)`` of shape
-    ``(G, m)``, local cell indices, each group's band j the cells within ``h`` ranks of ``P_j``
-    and its reference cell ``ref[:, j]``, for the smallest ``h`` the search finds with
-    :func:`_deviation_log_mass` at most ``2**-60`` of ``exp(log_z_low)``; ``lo = hi = -1`` on
-    the rows where it finds none.
+    """The sampler's bands for G groups of cells at once: ``(lo, hi, h)``, ``lo`` and ``hi`` of
+    shape ``(G, m)`` (local cell indices), each group's band j the cells within ``h`` ranks of
+    ``P_j`` and its reference cell ``ref[:, j]``, for the smallest ``h`` the search finds with
+    :func:`_deviation_log_mass` at most ``exp(-_ENVELOPE_NATS)`` of ``exp(log_z_low)``; on the
+    rows where it finds none, and where the bands hold every cell, the bands are all cells and
+    ``h = inf`` (nothing lies outside them).
 
     The arrays are flat over the groups: group g's cells are ``coff[g]:coff[g + 1]`` and its
     starts ``coff[g] + g:coff[g + 1] + g + 1``; ``search(x, side)`` is
@@ -507,11 +511,13 @@ def _deviation_bands(start, n, coff, q, c, search, log_sm, log_z_low, h0, ref):
     normaliser and ``h0`` the half-width the search starts from (a few Newton steps on the
     bound's ``-2 c h``, each keeping the smallest ``h`` that passed). Every operation is
     elementwise or a reduction within one group's row, so a group's numbers are the same in any
-    batch.
+    batch. The bands set the sampler's cost only: whatever they are, the draw is exact
+    (:mod:`~dpq_spark.core.quantiles.joint_exp_envelope`).
     """
     G = n.size
+    K = np.diff(coff)[:, None]
     cum = q[None, :] * n[:, None].astype(np.float64)
-    target = log_z_low - _LOG_BAND_TOL - _DEVIATION_MARGIN
+    target = log_z_low - _ENVELOPE_NATS
     h = np.maximum(h0, 0.0)
     best = np.full(G, np.inf)
     for _ in range(_DEVIATION_NEWTON):
@@ -524,7 +530,10 @@ def _deviation_bands(start, n, coff, q, c, search, log_sm, log_z_low, h0, ref):
     half = np.where(found, best, 0.0)[:, None]
     lo = np.minimum(search(cum - half, "left"), ref)
     hi = np.maximum(search(cum + half, "right"), ref + 1)
-    return np.where(found[:, None], lo, -1), np.where(found[:, None], hi, -1)
+    lo = np.where(found[:, None], lo, 0)
+    hi = np.where(found[:, None], hi, K)
+    every = np.all((lo == 0) & (hi == K), axis=1)
+    return lo, hi, np.where(every, np.inf, best)
 
 
 def _weighted_box_bound(log_width, pos, n, coff, q, c, search) -> np.ndarray:
@@ -556,11 +565,6 @@ def _weighted_box_bound(log_width, pos, n, coff, q, c, search) -> np.ndarray:
         top = np.maximum.reduceat(v, at)
         box[full] = top + np.log(np.add.reduceat(np.exp(v - np.repeat(top, size[full])), at))
     return np.ascontiguousarray(box.reshape(G, m)).sum(axis=1)
-
-
-def _narrower(new_lo, new_hi, lo, hi) -> np.ndarray:
-    """Per row: the deviation bands exist and keep fewer cells in all than ``(lo, hi)``."""
-    return (new_lo[:, 0] >= 0) & ((new_hi - new_lo).sum(axis=1) < (hi - lo).sum(axis=1))
 
 
 def _box_lower_bound(start, pos, n, q, c):
@@ -915,13 +919,26 @@ def _sample_cells(cells, q, c, size, source, draws=1):
     (for a caller that has built them already)."""
     start, width, log_width, pos, n = cells
     m = q.size
-    lo, hi = _bands(start, width, log_width, pos, n, q, c, size)
+    lo, hi, h = _bands(start, width, log_width, pos, n, q, c, size)
     fw = _Forward(width, log_width, pos, n, q, c, lo, hi)
     fw.run()
     band_m = fw._band(m)
     log_w_last = fw.S_last - c * np.abs(n - pos[band_m] - fw.targets[m])
     out = np.empty((draws, m), dtype=np.int64)
+    env = None
+    if math.isfinite(h):  # some tuples lie outside the bands: each draw's rounds may leave them
+        env = Envelope(_band_set(start, pos, n, q, c, lo, hi, h), np.array([n]), size, q, c)
+        log_zn = fw.nu[m - 1] + log_totals(log_w_last, np.zeros(1, np.int64),
+                                           np.array([log_w_last.size]))
+
+        def ranks(g, x):
+            return pos[np.searchsorted(start, x, side="right") - 1]
     for r in range(draws):
+        if env is not None:
+            inside, x = draw_outside(env, np.zeros(1, dtype=np.int64), log_zn, ranks, source)
+            if not inside[0]:
+                out[r] = x[0]
+                continue
         cell_of = _backward(fw, band_m.start + draw_index(log_w_last, source), source)
         j = 0
         while j < m:  # runs of equal cells: one uniform multiset of grid points each
@@ -930,6 +947,21 @@ def _sample_cells(cells, q, c, size, source, draws=1):
             out[r, j : j + k] = int(start[i]) + uniform_multiset(source, int(width[i]), k)
             j += k
     return out
+
+
+def _band_set(start, pos, n, q, c, lo, hi, h) -> Bands:
+    """One group's :class:`~dpq_spark.core.quantiles.joint_exp_envelope.Bands` from its
+    :func:`_bands` ``lo``, ``hi`` and ``h``."""
+    def search(x, side):
+        return np.searchsorted(pos, x, side=side)
+
+    if math.isfinite(h):
+        g_lo, g_hi = box_ranges(np.array([h]), start, np.zeros(1, dtype=np.int64), np.array([n]),
+                                q, c, search)
+    else:  # nothing outside the bands: no envelope
+        g_lo = g_hi = np.zeros((1, q.size, components(q.size)), dtype=np.int64)
+    return Bands(lo[None, :], hi[None, :], np.array([h]), g_lo, g_hi, start[lo][None, :],
+                 start[hi][None, :])
 
 
 def _backward(fw: _Forward, i: int, source) -> np.ndarray:

@@ -28,9 +28,13 @@ it consumes randomness in another order) and
 :func:`~dpq_spark.core.randomness.grid.uniform_multisets`.
 
 The distribution is the one of :mod:`dpq_spark.core.quantiles.joint_exp` (its module docstring:
-the target, the band pruning and "Guarantee as implemented"), group by group; tested against
-brute force with groups interleaved in one call, and the dense tables against the flat ones
-(within 1e-10; they differ by about 1e-13). Two differences in the float analysis:
+the target, the bands and their envelope, and "Guarantee as implemented"), group by group: rows
+whose group has tuples outside its bands first go through the envelope's rounds
+(:func:`~dpq_spark.core.quantiles.joint_exp_envelope.draw_outside`, all rows at once), and the
+rows that choose the bands are drawn from the tables. Tested against brute force with groups
+interleaved in one call (also with bands forced down to the reference cells, where most rounds
+leave them), and the dense tables against the flat ones (within 1e-10; they differ by about
+1e-13). Two differences in the float analysis:
 
 (ii) No run truncation: both passes add every run length whose first output lies in its band
 (the batched run sums, :meth:`_Forward.run_sums`), so the ``m 2**-72`` term of (ii) is 0 here
@@ -61,11 +65,11 @@ logs (dense: ``R_k`` a product of at most ``m - 1`` ratios, relative error below
 ``m 2**-52``). Counting, per step, 16 operations on magnitude ``M`` for the kernel sums and
 ``m`` for the run sum, every log weight's absolute error is at most
 ``gamma_many = m (m + 16) 2**-52 M`` (first-order, not machine-checked), in place of
-joint_exp's ``16 m 2**-52 M``; then ``theta = 4 m (gamma_many + 2**-52)`` and
+joint_exp's ``16 m 2**-52 M``; then ``theta = (4 m + 4) (gamma_many + 2**-52)`` and
 ``eta = 2 theta``, ``delta`` unchanged. Examples (epsilon 1, default grid): n = 1e6, m = 9
-(c = 0.28, ``M = 8.3e5``): ``gamma_many = 4.2e-8``, ``eta = 3.0e-6``; n = 1e6, m = 30:
-``eta = 5.7e-5``; the dense pass only runs where every step has ``c t_j <= 350``: for deciles
-``c n <= 3,500`` (``M <= 11,500``: ``eta <= 4.2e-8`` there). Each group's release is thus
+(c = 0.28, ``M = 8.3e5``): ``gamma_many = 4.2e-8``, ``eta = 3.4e-6``; n = 1e6, m = 30:
+``eta = 5.9e-5``; the dense pass only runs where every step has ``c t_j <= 350``: for deciles
+``c n <= 3,500`` (``M <= 11,500``: ``eta <= 4.6e-8`` there). Each group's release is thus
 ``(epsilon + eta, delta)``-DP with those ``eta`` and ``delta``, and the groups' draws are
 independent.
 
@@ -76,6 +80,7 @@ calls per step), so :func:`~dpq_spark.core.quantiles.joint_exp.joint_exp` keeps 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -86,8 +91,10 @@ from dpq_spark.core.randomness.grid import (draw_index, draw_index_rows, draw_in
 from dpq_spark.core.quantiles.joint_exp import (
     _add_causal,
     _add_window,
+    _band_set,
     _bands,
 )
+from dpq_spark.core.quantiles.joint_exp_envelope import Bands, Envelope, draw_outside, log_totals
 
 __all__: list[str] = []
 
@@ -358,8 +365,14 @@ class _Forward:
         top[~np.isfinite(top)] = 0.0
         table -= top[:, None]
         np.exp(table, out=table)
+        # the run lengths added one after another: kmax depends on the batch (its widest
+        # overlap of bands), and a row sum over more columns may round differently even when
+        # the extra terms are 0, while adding 0 in order changes nothing
+        total = table[:, 0].copy()
+        for k in range(1, kmax):
+            total += table[:, k]
         with np.errstate(divide="ignore"):
-            return np.log(table.sum(axis=1)) + top
+            return np.log(total) + top
 
     def run_terms(self, j: np.ndarray, i: np.ndarray, g: np.ndarray) -> np.ndarray:
         """log alpha(j, i, k) for k = 1..j (true scale minus nu_j), one row per (step ``j``,
@@ -438,13 +451,15 @@ def _sample_many(cells_list, q, c, size, source, rows=None, bands=None) -> np.nd
     out = np.empty((rows.size, m), dtype=np.int64)
     if rows.size == 0:
         return out
-    if bands is not None:
-        lo, hi = (np.asarray(b, dtype=np.int64).reshape(G, m) for b in bands)
-    else:
-        lo = np.empty((G, m), dtype=np.int64)
-        hi = np.empty((G, m), dtype=np.int64)
+    sizes = np.broadcast_to(np.asarray(size, dtype=np.int64), (G,))
+    if bands is None:
+        parts = []
         for g, cells in enumerate(cells_list):
-            lo[g], hi[g] = _bands(*cells, q, c, size if np.ndim(size) == 0 else int(size[g]))
+            start, width, log_width, pos, n = cells
+            lo_g, hi_g, h_g = _bands(*cells, q, c, int(sizes[g]))
+            parts.append(_band_set(start, pos, n, q, c, lo_g, hi_g, h_g))
+        bands = Bands.stack(parts)
+    lo, hi = bands.lo, bands.hi
     # The forward tables hold every band cell of every step: batches of at most _BATCH_CELLS of
     # them (a group with more is a batch alone), one after the other. Groups are independent,
     # so this changes no group's distribution.
@@ -458,12 +473,13 @@ def _sample_many(cells_list, q, c, size, source, rows=None, bands=None) -> np.nd
         total += w
     edges.append(G)
     if len(edges) == 2:
-        return _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out)
+        return _sample_batch(cells_list, bands, q, c, sizes, source, rows, out)
     for x, y in zip(edges[:-1], edges[1:]):
         mine = np.flatnonzero((rows >= x) & (rows < y))
         if mine.size:
-            out[mine] = _sample_batch(cells_list[x:y], lo[x:y], hi[x:y], q, c, size, source,
-                                      rows[mine] - x, np.empty((mine.size, m), dtype=np.int64))
+            out[mine] = _sample_batch(cells_list[x:y], bands.take(slice(x, y)), q, c,
+                                      sizes[x:y], source, rows[mine] - x,
+                                      np.empty((mine.size, m), dtype=np.int64))
     return out
 
 
@@ -480,8 +496,9 @@ _BATCH_CELLS = 1 << 20
 CELLS_HELD = 1 << 19
 
 
-def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarray:
-    """:func:`_sample_many` for one batch of groups, their bands ``lo``/``hi`` computed.
+def _sample_batch(cells_list, bands, q, c, sizes, source, rows, out) -> np.ndarray:
+    """:func:`_sample_many` for one batch of groups, their ``bands`` computed (``sizes``: each
+    group's grid size).
 
     Groups whose bands span at most ``_DENSE_WIDTH`` cells get their forward tables from
     :class:`_Dense` (at most ``_DENSE_ELEMENTS`` cells times m at a time, :func:`_dense_tables`)
@@ -489,42 +506,43 @@ def _sample_batch(cells_list, lo, hi, q, c, size, source, rows, out) -> np.ndarr
     source guard holds during the pass, the others from :class:`_Forward`; each set's rows are
     drawn from its own tables, all of them at once. Which set a group joins depends on its own
     data only, and both give it the same law (module docstring)."""
-    union = hi.max(axis=1) - lo.min(axis=1)
+    union = bands.hi.max(axis=1) - bands.lo.min(axis=1)
     dense = union <= _DENSE_WIDTH
     if not dense.any():
-        return _sample_set(cells_list, lo, hi, q, c, source, rows, out, False)[0]
+        return _sample_set(cells_list, bands, q, c, sizes, source, rows, out, False)[0]
     members = np.flatnonzero(dense)
     if members.size == len(cells_list):
-        out, ok = _sample_set(cells_list, lo, hi, q, c, source, rows, out, True)
+        out, ok = _sample_set(cells_list, bands, q, c, sizes, source, rows, out, True)
     else:  # (the rows of refused groups are drawn below)
-        ok = _sample_subset(cells_list, lo, hi, q, c, source, rows, out, members, True)
+        ok = _sample_subset(cells_list, bands, q, c, sizes, source, rows, out, members, True)
     flat = np.sort(np.concatenate([np.flatnonzero(~dense), members[~ok]]))
     if flat.size:  # the rows of these groups were not drawn above
-        _sample_subset(cells_list, lo, hi, q, c, source, rows, out, flat, False)
+        _sample_subset(cells_list, bands, q, c, sizes, source, rows, out, flat, False)
     return out
 
 
-def _sample_subset(cells_list, lo, hi, q, c, source, rows, out, groups, dense):
+def _sample_subset(cells_list, bands, q, c, sizes, source, rows, out, groups, dense):
     """:func:`_sample_set` for the groups ``groups`` (sorted indices into ``cells_list``): their
     entries of ``rows`` are drawn into ``out``; returns their ``ok`` (all true when they have
     no rows: nothing is computed)."""
     mine = np.flatnonzero(np.isin(rows, groups))
     if mine.size == 0:
         return np.ones(groups.size, dtype=bool)
-    got, ok = _sample_set([cells_list[g] for g in groups.tolist()], lo[groups], hi[groups], q, c,
-                          source, np.searchsorted(groups, rows[mine]),
+    got, ok = _sample_set([cells_list[g] for g in groups.tolist()], bands.take(groups), q, c,
+                          sizes[groups], source, np.searchsorted(groups, rows[mine]),
                           np.empty((mine.size, q.size), dtype=np.int64), dense)
     out[mine] = got
     return ok
 
 
-def _sample_set(cells_list, lo, hi, q, c, source, rows, out, dense):
+def _sample_set(cells_list, bands, q, c, sizes, source, rows, out, dense):
     """The forward tables of these groups (:class:`_Dense` if ``dense``, else :class:`_Forward`)
     and the draws of ``rows``; returns ``(out, ok)``, ``ok`` the groups whose tables were made
     (all of them for :class:`_Forward`; rows of the others are left undrawn). Groups that do
     not fit the dense span guard are left out of the dense pass (refused without it)."""
     m = q.size
     G = len(cells_list)
+    lo, hi = bands.lo, bands.hi
     # only the cells some band keeps, [a_g, b_g) of each group, are concatenated
     a, b = lo.min(axis=1), hi.max(axis=1)
     coff = np.zeros(G + 1, dtype=np.int64)
@@ -539,23 +557,58 @@ def _sample_set(cells_list, lo, hi, q, c, source, rows, out, dense):
             ok = np.zeros(G, dtype=bool)
             if fits.any():
                 keep = np.flatnonzero(fits)
-                ok[keep] = _sample_subset(cells_list, lo, hi, q, c, source, rows, out, keep, True)
+                ok[keep] = _sample_subset(cells_list, bands, q, c, sizes, source, rows, out, keep,
+                                          True)
             return out, ok
     start, width, log_width = (np.concatenate([cl[t][u] for cl, u in zip(cells_list, used)])
                                for t in range(3))
     fw = _Forward(width, log_width, pos, coff, n, q, c, lo - a[:, None], hi - a[:, None])
+    draw = functools.partial(_draw_all, fw, start, width, cells_list, bands, sizes, source)
     if dense:
         ok = _dense_tables(fw, coff)
         keep = np.flatnonzero(ok[rows])
         if keep.size < rows.size:
             if keep.size:
-                out[keep] = _draw_rows(fw, start, width, rows[keep], source,
-                                       np.empty((keep.size, m), dtype=np.int64))
+                out[keep] = draw(rows[keep], np.empty((keep.size, m), dtype=np.int64))
             return out, ok
     else:
         fw.run()
         ok = np.ones(G, dtype=bool)
-    return _draw_rows(fw, start, width, rows, source, out), ok
+    return draw(rows, out), ok
+
+
+def _draw_all(fw, start, width, cells_list, bands, sizes, source, rows, out) -> np.ndarray:
+    """One draw per entry of ``rows`` from finished forward tables, all tuples: each row's
+    rounds first choose between its group's bands and the tuples outside them
+    (:func:`~dpq_spark.core.quantiles.joint_exp_envelope.draw_outside`, only for groups with
+    tuples outside their bands), then the rows that chose the bands are drawn from the tables
+    (:func:`_draw_rows`)."""
+    if not np.isfinite(bands.h[rows]).any():
+        return _draw_rows(fw, start, width, rows, source, out)
+    m = fw.m
+    last = fw.cells(m)
+    log_w_last = fw.S[m - 1] - fw.c * np.abs(fw.n[fw.gid(m)] - fw.pos[last] - fw.targets[fw.gid(m), m])
+    del last
+    with np.errstate(over="ignore", invalid="ignore"):  # groups refused by the dense pass: unread
+        log_zn = fw.nu[:, m - 1] + log_totals(log_w_last, fw.off[m - 1, :-1], fw.length[:, m - 1])
+    env = Envelope(bands, fw.n, sizes, fw.q, fw.c)
+
+    def ranks(g, x):  # mid-ranks of grid points, from each group's own cells
+        got = np.empty(x.shape)
+        for r, gr in enumerate(g.tolist()):
+            st, ps = cells_list[gr][0], cells_list[gr][3]
+            got[r] = ps[np.searchsorted(st, x[r], side="right") - 1]
+        return got
+
+    inside, outside = draw_outside(env, rows, log_zn, ranks, source)
+    if inside.all():
+        return _draw_rows(fw, start, width, rows, source, out)
+    out[~inside] = outside[~inside]
+    take = np.flatnonzero(inside)
+    if take.size:
+        out[take] = _draw_rows(fw, start, width, rows[take], source,
+                               np.empty((take.size, m), dtype=np.int64))
+    return out
 
 
 def _dense_tables(fw: _Forward, coff: np.ndarray) -> np.ndarray:

@@ -9,6 +9,8 @@ x1.3 at the same sample size).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
@@ -16,7 +18,8 @@ from scipy.stats import chi2_contingency
 from dpq_spark.core.quantiles import batch as B
 from dpq_spark.core.quantiles import joint_exp_many as JM
 from dpq_spark.core.quantiles.batch import FlatGroups, release_many
-from dpq_spark.core.quantiles.joint_exp import _bands, _grid_cells
+from dpq_spark.core.quantiles.joint_exp import _band_set, _bands, _grid_cells
+from dpq_spark.core.quantiles.joint_exp_envelope import Bands
 from dpq_spark.core.quantiles.joint_exp import _sample_indices as joint_sample
 from dpq_spark.core.randomness.grid import Grid
 from dpq_spark.core.randomness.source import resolve_rng
@@ -83,7 +86,7 @@ def test_flat_cells_and_bands_are_the_per_group_ones(seed):
             sizes = np.full(G, size)
         given = sizes[live] if t % 2 else size
         start, width, log_width, pos, n, coff = B._flat_cells(k, counts, bounds, live, given)
-        lo, hi = B._flat_bands(start, width, log_width, pos, n, coff, q, c, given)
+        bands = B._flat_bands(start, width, log_width, pos, n, coff, q, c, given)
         for i, g in enumerate(live.tolist()):
             own = int(sizes[g])
             alone = _grid_cells(ks[g], cs[g], own)
@@ -92,8 +95,10 @@ def test_flat_cells_and_bands_are_the_per_group_ones(seed):
             for want, got in zip(alone[:4], flat):
                 assert want.dtype == got.dtype and np.array_equal(want, got)
             assert alone[4] == int(n[i])
-            want_lo, want_hi = _bands(*alone, q, c, own)
-            assert np.array_equal(want_lo, lo[i]) and np.array_equal(want_hi, hi[i])
+            want = _band_set(alone[0], alone[3], alone[4], q, c, *_bands(*alone, q, c, own))
+            got = bands.take(slice(i, i + 1))
+            for f in dataclasses.fields(Bands):
+                assert np.array_equal(getattr(want, f.name), getattr(got, f.name)), f.name
             checked += 1
     assert checked > 300
 
@@ -107,7 +112,9 @@ def _per_group_cells(k, counts, bounds, members, slow, q, c, size):
                            int(size[slow[i]]))
 
     def band_of(i):
-        return _bands(*cells_of(i), q, c, int(size[slow[i]]))
+        cells = cells_of(i)
+        return _band_set(cells[0], cells[3], cells[4], q, c,
+                         *_bands(*cells, q, c, int(size[slow[i]]))), 0
 
     yield slow, cells_of, band_of
 
@@ -192,7 +199,7 @@ def test_kernel_sums_carry_is_the_same_in_any_batch():
     cells.insert(30, big)
 
     def tables(cells_list):
-        lo, hi = zip(*[_bands(*cl, DECILES, c, GRID.size) for cl in cells_list])
+        lo, hi, _ = zip(*[_bands(*cl, DECILES, c, GRID.size) for cl in cells_list])
         lo, hi = np.array(lo), np.array(hi)
         a, b = lo.min(axis=1), hi.max(axis=1)
         coff = np.concatenate(([0], np.cumsum(b - a)))

@@ -10,6 +10,7 @@ import pytest
 
 from dpq_spark.core.randomness.source import resolve_rng
 from dpq_spark.core.randomness.grid import Grid
+from dpq_spark.core.quantiles.joint_exp_envelope import Bands
 from test_joint_exp import brute_force, c_of, chi_square_pvalue  # the single-group oracles
 
 J = importlib.import_module("dpq_spark.core.quantiles.joint_exp")
@@ -35,7 +36,7 @@ def _forward(cells_list, q, c, size):
     G, m = len(cells_list), q.size
     lo, hi = np.empty((G, m), dtype=np.int64), np.empty((G, m), dtype=np.int64)
     for g, cells in enumerate(cells_list):
-        lo[g], hi[g] = J._bands(*cells, q, c, size)
+        lo[g], hi[g], _ = J._bands(*cells, q, c, size)
     coff = np.concatenate(([0], np.cumsum([cells[1].size for cells in cells_list])))
     fw = JM._Forward(*(np.concatenate([cells[i] for cells in cells_list]) for i in (1, 2, 3)), coff,
                     [cells[4] for cells in cells_list], q, c, lo, hi)
@@ -166,12 +167,13 @@ def _held_and_peak(rows: int) -> int:
         k = np.unique(grid.snap(gen.normal(0.0, 5.0, rows)).astype(np.int64))
         cells.append(J._grid_cells(k, None, grid.size))
         held += cells[-1][1].size
-    bands = np.array([J._bands(*cl, q, c, grid.size) for cl in cells])  # (G, 2, m)
+    bands = Bands.stack([J._band_set(cl[0], cl[3], cl[4], q, c, *J._bands(*cl, q, c, grid.size))
+                         for cl in cells])
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         JM._sample_many(cells, q, c, grid.size, resolve_rng(np.random.default_rng(1)),
-                        bands=(bands[:, 0], bands[:, 1]))
+                        bands=bands)
         peak = tracemalloc.get_traced_memory()[1] - before
     finally:
         tracemalloc.stop()

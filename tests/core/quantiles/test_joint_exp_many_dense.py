@@ -35,7 +35,7 @@ def _batch(cells_list, q, c, size):
     G, m = len(cells_list), q.size
     lo, hi = np.empty((G, m), dtype=np.int64), np.empty((G, m), dtype=np.int64)
     for g, cells in enumerate(cells_list):
-        lo[g], hi[g] = J._bands(*cells, q, c, size)
+        lo[g], hi[g], _ = J._bands(*cells, q, c, size)
     a, b = lo.min(axis=1), hi.max(axis=1)
     coff = np.concatenate(([0], np.cumsum(b - a)))
     parts = [np.concatenate([cl[t][x:y] for cl, x, y in zip(cells_list, a, b)]) for t in (1, 2, 3)]
@@ -126,7 +126,7 @@ def test_span_guard_refuses_before_the_dense_pass(monkeypatch):
     gets, it accepts."""
     cells, size = _normal_groups((100, 1000, 100), seed=13)
     c = c_of(DECILES, 10.0)
-    lo, hi = J._bands(*cells[1], DECILES, c, size)
+    lo, hi, _ = J._bands(*cells[1], DECILES, c, size)
     assert hi.max() - lo.min() <= JM._DENSE_WIDTH  # offered to the dense path by its width
     calls = []
     real = JM._Dense.run
@@ -274,7 +274,7 @@ def _median_law_pvalue(rows, factor, seed):
     draws = max(1000, 300_000 // rows)
     order = np.tile(np.arange(3), draws)
     for cl in cells:  # every group on the dense path
-        lo, hi = J._bands(*cl, DECILES, c, grid.size)
+        lo, hi, _ = J._bands(*cl, DECILES, c, grid.size)
         assert hi.max() - lo.min() <= JM._DENSE_WIDTH
     dense = JM._sample_many(cells, DECILES, factor * c, grid.size,
                             resolve_rng(np.random.default_rng(seed)), rows=order)

@@ -218,10 +218,10 @@ def test_continuous_data_lose_nothing():
     values are as accurate as on the grid itself."""
     x = np.random.default_rng(11).normal(0, 5, 1000)
     q = DECILES
-    split = _error(joint_exp, x, q, -100.0, 100.0, reps=30)
+    split = _error(joint_exp, x, q, -100.0, 100.0, reps=150)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(grid_module, "TIE_BITS", 0)
-        plain = _error(joint_exp, x, q, -100.0, 100.0, reps=30)
+        plain = _error(joint_exp, x, q, -100.0, 100.0, reps=150)
     assert split < 1.3 * plain and plain < 1.3 * split
 
 
