@@ -126,22 +126,21 @@ sampler stays the single-group one, which is faster for one group.
 Guarantee as implemented. Write ``P`` for the exact mechanism above and ``P~`` for what the code
 samples. (i) No pruning: the envelope's rounds make ``P~`` target ``P`` over every sorted tuple,
 the bands only set the cost; the round's choice uses ``Z_N`` from the forward pass (error as in
-(iii)) and the envelope's float64 sums, a few roundings each. (ii) Run truncation: every run sum is low by a relative
-``<= 2**-72``; positive sums compound this to ``<= m 2**-72`` on any weight. (iii) Forward-pass
-rounding: every log weight ``l~`` is a sum/log-sum-exp chain of at most ``16 m`` correctly rounded
-float64 operations on numbers of magnitude at most ``M = 3 c n + m log(S + m) + 800``, so its
-absolute error is at most ``gamma = 16 m 2**-52 M`` (first-order error analysis; not
-machine-checked). (iv) ``exp`` rounds with relative error ``2**-52``; weights below ``2**-1074``
-of the largest underflow to 0 (total variation ``< K 2**-1074``). Each conditional probability
-of the backward pass (at most 2m of them) is a ratio of such weights, and the round's choice and
-an envelope tuple's keep test add at most four more such factors, so every output's probability
-under ``P~`` is within a factor ``exp(theta)`` of ``P``, with
-``theta = (4 m + 4) (gamma + 2**-52) + m 2**-71``. Hence the implementation is
-``(epsilon + eta, delta)``-DP with ``eta = 2 theta`` and
+(iii)) and the envelope's float64 sums, a few roundings each. (ii) Run truncation: every run sum is
+low by a relative ``<= 2**-72``; positive sums compound this to ``<= m 2**-72`` on any weight.
+(iii) Forward-pass rounding: every log weight ``l~`` is a sum/log-sum-exp chain of at most ``16 m``
+correctly rounded float64 operations on numbers of magnitude at most ``M = 3 c n + m log(S + m) +
+800``, so its absolute error is at most ``gamma = 16 m 2**-52 M`` (first-order error analysis; not
+machine-checked). (iv) ``exp`` rounds with relative error ``2**-52``; weights below ``2**-1074`` of
+the largest underflow to 0 (total variation ``< K 2**-1074``). Each conditional probability of the
+backward pass (at most 2m of them) is a ratio of such weights, and the round's choice and an
+envelope tuple's keep test add at most four more such factors, so every output's probability under
+``P~`` is within a factor ``exp(theta)`` of ``P``, with ``theta = (4 m + 4) (gamma + 2**-52) + m
+2**-71``. Hence the implementation is ``(epsilon + eta, delta)``-DP with ``eta = 2 theta`` and
 ``delta = (1 + exp(epsilon + eta)) 2**-59`` (from the partial split of ties above and (iv)).
-Example: n = 1e6, m = 30, eps = 1 (c = 0.26): ``M = 7.8e5``, ``gamma = 8.3e-8``,
-``eta = 2.1e-5``, ``delta = 6.5e-18``. The uniform draws
-inside cells are exact. (Exact "interval refining" that removes ``eta`` is not implemented.)
+Example: n = 1e6, m = 30, eps = 1 (c = 0.26): ``M = 7.8e5``, ``gamma = 8.3e-8``, ``eta = 2.1e-5``,
+``delta = 6.5e-18``. The uniform draws inside cells are exact. (Exact "interval refining" that
+removes ``eta`` is not implemented.)
 The batched sampler for many groups (:mod:`~dpq_spark.core.quantiles.joint_exp_many`, which the
 Spark path runs) keeps every run sum whole and states its own rounding bound, ``gamma_many``,
 and the ``eta`` that follows from it, in its module docstring.
@@ -440,7 +439,8 @@ def _bands(start, width, log_width, pos, n, q, c, size):
     boxes = _box_lower_bound(start, pos, n, q, c)
     if boxes is not None and boxes[0] > log_z_low:
         log_z_low = boxes[0]
-    # The search starts from the union bound's half-width (module docstring).
+    # The search starts from a union bound's half-width: a tuple with output j in cell i has
+    # u <= -2 |p_i - P_j|, and at most w_i (S + m)^(m-1) / ((j-1)! (m-j)!) tuples put it there.
     j = np.arange(1, m + 1)
     log_volume = (m - 1) * math.log(size + m) - lgamma(j) - lgamma(m - j + 1)
     slack = log_volume + math.log(size) + math.log(m) - _ENVELOPE_NATS - log_z_low

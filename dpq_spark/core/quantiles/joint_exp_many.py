@@ -586,9 +586,9 @@ def _draw_all(fw, start, width, cells_list, bands, sizes, source, rows, out) -> 
     if not np.isfinite(bands.h[rows]).any():
         return _draw_rows(fw, start, width, rows, source, out)
     m = fw.m
-    last = fw.cells(m)
-    log_w_last = fw.S[m - 1] - fw.c * np.abs(fw.n[fw.gid(m)] - fw.pos[last] - fw.targets[fw.gid(m), m])
-    del last
+    gid = fw.gid(m)  # the last output's weights, as _draw_rows computes them
+    log_w_last = fw.S[m - 1] - fw.c * np.abs(fw.n[gid] - fw.pos[fw.cells(m)] - fw.targets[gid, m])
+    del gid
     with np.errstate(over="ignore", invalid="ignore"):  # groups refused by the dense pass: unread
         log_zn = fw.nu[:, m - 1] + log_totals(log_w_last, fw.off[m - 1, :-1], fw.length[:, m - 1])
     env = Envelope(bands, fw.n, sizes, fw.q, fw.c)
