@@ -34,8 +34,13 @@ probability ``Z_N / (Z_N + B) * p(o) / Z_N`` and one outside ``N`` with probabil
 ``B / (Z_N + B) * E(o) / B * p(o) / E(o)``: both ``p(o) / (Z_N + B)``, so the tuple a draw
 returns has probability exactly ``p(o) / Z`` (the rounds are independent). The bands only set
 the cost: a round goes outside with probability ``B / (Z_N + B)``, and the band choice
-(:func:`~dpq_spark.core.quantiles.joint_exp._bands`) keeps ``B`` below ``exp(-2)`` of a lower
-bound on ``Z``.
+(:func:`~dpq_spark.core.quantiles.joint_exp._bands`) keeps the deviation bound (``B`` with
+``C(S + m - 1, m)`` in place of ``S**m``) below ``exp(-2)`` of a lower bound on ``Z``.
+
+Privacy. The law of a draw is JointExp's, ``p / Z``, whatever the bands are, so the bands may
+be chosen from the data: that choice changes the running time, not the released tuple. The
+guarantee is the one stated in :mod:`~dpq_spark.core.quantiles.joint_exp` ("Guarantee as
+implemented"), for the neighbouring relation and unit of privacy its caller chose.
 
 Floating point: ``Z_N`` is the forward pass's, with its error (``gamma`` of the module
 docstrings); ``B``, ``E`` and ``p`` are float64 sums, logs and exps of numbers of magnitude at
