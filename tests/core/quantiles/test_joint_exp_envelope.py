@@ -46,6 +46,23 @@ def test_narrow_bands_keep_the_law(name, monkeypatch):
     assert chi_square_pvalue(got, law) > 1e-3
 
 
+def test_narrow_bands_keep_the_law_of_interleaved_groups(monkeypatch):
+    """Three groups of different grids and quantile counts' data in one batch, their rows
+    interleaved: each group's envelope, bands and ranks are its own."""
+    monkeypatch.setattr(J, "_ENVELOPE_NATS", NARROW)
+    names = ["distinct", "on_the_bounds", "ties"]
+    q = np.asarray(CASES["distinct"][2])
+    eps = 2.0
+    c = c_of(q, eps)
+    size = 9
+    cells = [J._grid_cells(np.asarray(CASES[nm][0], dtype=np.int64), None, size) for nm in names]
+    rows = np.tile(np.arange(3, dtype=np.int64), 8000)
+    got = JM._sample_many(cells, q, c, size, resolve_rng(np.random.default_rng(24)), rows=rows)
+    for g, nm in enumerate(names):
+        law = brute_force(CASES[nm][0], size, q.tolist(), c)
+        assert chi_square_pvalue(got[rows == g], law) > 1e-3, nm
+
+
 def test_narrow_bands_keep_the_law_in_the_single_group_sampler(monkeypatch):
     monkeypatch.setattr(J, "_ENVELOPE_NATS", NARROW)
     idx, size, q, eps = CASES["on_the_bounds"]
