@@ -1341,7 +1341,7 @@ def _flat_bands(start, width, log_width, pos, n, coff, q, c, size) -> Bands:
                                 axis=1)
     log_z_low = _flat_sequence_weight(ref + base, width, log_width, pos, nf, q, c)
     # Lower bound 2: boxes, where every group's boxes exist and beat bound 1.
-    box = _flat_boxes(start, pos, n, coff, q, c, in_groups)[0]
+    box = _flat_boxes(start, pos, n, coff, q, c, in_groups)
     log_z_low = np.where(np.isfinite(box) & (box > log_z_low), box, log_z_low)
     j = np.arange(1, m + 1)
     # per group, the numbers _bands computes with math.log on its own size
@@ -1395,18 +1395,17 @@ def _flat_sequence_weight(seq, width, log_width, pos, n, q, c) -> np.ndarray:
 
 
 def _flat_boxes(start, pos, n, coff, q, c, in_groups):
-    """``joint_exp._box_lower_bound`` of every group: ``(log bound, lo, hi)``, the bound
-    ``-inf`` where the group has none."""
-    G, m = n.size, q.size
+    """``joint_exp._box_lower_bound`` of every group: the log bound, ``-inf`` where the group
+    has none."""
+    G = n.size
     K = np.diff(coff)
     nf = n.astype(np.float64)
     cum = q[None, :] * n[:, None]
     gaps = np.diff(np.concatenate([np.zeros((G, 1)), cum, nf[:, None]], axis=1), axis=1)
     h_max = np.minimum(gaps[:, :-1], gaps[:, 1:]) / 2.0
     ok = np.all(h_max >= 1.0, axis=1)
-    none = np.full(G, -np.inf), np.zeros((G, m), np.int64), np.zeros((G, m), np.int64)
     if not ok.any():
-        return none
+        return np.full(G, -np.inf)
     tops = np.ceil(np.log2(np.where(ok, h_max.max(axis=1), 1.0))).astype(np.int64)
     L = int(tops.max()) + 1
     grid = 2.0 ** np.arange(0, L)
@@ -1428,7 +1427,4 @@ def _flat_boxes(start, pos, n, coff, q, c, in_groups):
     best = np.argmax(score, axis=2)
     chosen = np.take_along_axis(score, best[:, :, None], axis=2)[:, :, 0]
     fine = ok & np.all(np.isfinite(chosen), axis=1)
-    bound = np.where(fine, np.ascontiguousarray(chosen).sum(axis=1), -np.inf)
-    lo = np.take_along_axis(left, best[:, :, None], axis=2)[:, :, 0]
-    hi = np.take_along_axis(right, best[:, :, None], axis=2)[:, :, 0]
-    return bound, lo, hi
+    return np.where(fine, np.ascontiguousarray(chosen).sum(axis=1), -np.inf)

@@ -437,8 +437,8 @@ def _bands(start, width, log_width, pos, n, q, c, size):
     ref = np.maximum.accumulate(cand[np.arange(m), np.argmax(score, axis=1)])
     log_z_low = _log_sequence_weight(ref, width, log_width, pos, n, q, c)
     boxes = _box_lower_bound(start, pos, n, q, c)
-    if boxes is not None and boxes[0] > log_z_low:
-        log_z_low = boxes[0]
+    if boxes is not None and boxes > log_z_low:
+        log_z_low = boxes
     # The search starts from a union bound's half-width: a tuple with output j in cell i has
     # u <= -2 |p_i - P_j|, and at most w_i (S + m)^(m-1) / ((j-1)! (m-j)!) tuples put it there.
     j = np.arange(1, m + 1)
@@ -573,7 +573,7 @@ def _box_lower_bound(start, pos, n, q, c):
     (so the boxes are disjoint and increasing, and their outputs sorted). Each output's rank is
     within ``d_j`` of ``P_j``, so ``u >= -2 sum_j d_j`` and the mass is at least
     ``exp(-2c sum_j d_j) prod_j |box_j|`` (``|box_j|`` its number of grid points: one point per
-    box gives distinct sorted tuples). Returns ``(log bound, lo, hi)`` or None.
+    box gives distinct sorted tuples). Returns the log bound, or None.
     """
     cum = q * n
     gaps = np.diff(np.concatenate(([0.0], cum, [float(n)])))
@@ -595,7 +595,7 @@ def _box_lower_bound(start, pos, n, q, c):
     rows = np.arange(q.size)
     if not np.all(np.isfinite(score[rows, best])):
         return None
-    return float(score[rows, best].sum()), left[rows, best], right[rows, best]
+    return float(score[rows, best].sum())
 
 
 def _log_sequence_weight(seq, width, log_width, pos, n, q, c) -> float:

@@ -136,9 +136,7 @@ class Envelope:
         tail = self.log_a[:, L] + m * np.log(self.size.astype(np.float64))
         self.log_w = np.concatenate([self.log_a[:, :L] + log_box, tail[:, None]], axis=1)
         self.log_w[~finite] = -np.inf
-        top = np.where(finite, self.log_w.max(axis=1), 0.0)
-        with np.errstate(divide="ignore"):
-            self.log_b = top + np.log(np.exp(self.log_w - top[:, None]).sum(axis=1))
+        self.log_b = _logsumexp_rows(self.log_w)
 
 
 def draw_outside(env: Envelope, rows: np.ndarray, log_zn: np.ndarray, ranks,
@@ -180,8 +178,7 @@ def draw_outside(env: Envelope, rows: np.ndarray, log_zn: np.ndarray, ranks,
                             axis=1)  # (C, L)
             terms = np.concatenate([np.where(in_box, env.log_a[gc, :L], -np.inf),
                                     env.log_a[gc, L:]], axis=1)
-            top = terms.max(axis=1)
-            log_e = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+            log_e = _logsumexp_rows(terms)
             ratio = np.minimum(c * u - log_e, 0.0)  # log(p / E), at most 0 (module docstring)
             with np.errstate(divide="ignore"):
                 no = np.log(-np.expm1(ratio))  # log(1 - p / E); -inf when p = E
@@ -191,6 +188,15 @@ def draw_outside(env: Envelope, rows: np.ndarray, log_zn: np.ndarray, ranks,
         out[took] = x[keep]
         todo = todo[~keep]
     return inside, out
+
+
+def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
+    """``log sum exp`` of each row of ``x``, as ``max + log(sum(exp(x - max)))``; ``-inf`` for a
+    row without a finite entry."""
+    top = x.max(axis=1)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return top + np.log(np.exp(x - top[:, None]).sum(axis=1))
 
 
 def log_totals(log_w: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:

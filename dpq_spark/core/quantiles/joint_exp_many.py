@@ -586,9 +586,7 @@ def _draw_all(fw, start, width, cells_list, bands, sizes, source, rows, out) -> 
     if not np.isfinite(bands.h[rows]).any():
         return _draw_rows(fw, start, width, rows, source, out)
     m = fw.m
-    gid = fw.gid(m)  # the last output's weights, as _draw_rows computes them
-    log_w_last = fw.S[m - 1] - fw.c * np.abs(fw.n[gid] - fw.pos[fw.cells(m)] - fw.targets[gid, m])
-    del gid
+    log_w_last = _last_weights(fw)
     with np.errstate(over="ignore", invalid="ignore"):  # groups refused by the dense pass: unread
         log_zn = fw.nu[:, m - 1] + log_totals(log_w_last, fw.off[m - 1, :-1], fw.length[:, m - 1])
     env = Envelope(bands, fw.n, sizes, fw.q, fw.c)
@@ -602,12 +600,12 @@ def _draw_all(fw, start, width, cells_list, bands, sizes, source, rows, out) -> 
 
     inside, outside = draw_outside(env, rows, log_zn, ranks, source)
     if inside.all():
-        return _draw_rows(fw, start, width, rows, source, out)
+        return _draw_rows(fw, start, width, rows, source, out, log_w_last)
     out[~inside] = outside[~inside]
     take = np.flatnonzero(inside)
     if take.size:
         out[take] = _draw_rows(fw, start, width, rows[take], source,
-                               np.empty((take.size, m), dtype=np.int64))
+                               np.empty((take.size, m), dtype=np.int64), log_w_last)
     return out
 
 
@@ -645,13 +643,20 @@ def _dense_tables(fw: _Forward, coff: np.ndarray) -> np.ndarray:
     return ok
 
 
-def _draw_rows(fw, start, width, rows, source, out) -> np.ndarray:
+def _last_weights(fw) -> np.ndarray:
+    """The log weights of the last output's cells, every group's band m (true scale minus
+    ``nu[:, m - 1]``): its run sums and the kernel to the end of the data."""
+    m, gid = fw.m, fw.gid(fw.m)
+    return fw.S[m - 1] - fw.c * np.abs(fw.n[gid] - fw.pos[fw.cells(m)] - fw.targets[gid, m])
+
+
+def _draw_rows(fw, start, width, rows, source, out, log_w_last=None) -> np.ndarray:
     """One draw per entry of ``rows`` (groups of ``fw``) from finished forward tables: the last
-    output's cell, the cells backwards by runs (:func:`_backward`), the grid points of every run."""
-    m, c = fw.m, fw.c
-    last, gid = fw.cells(m), fw.gid(m)
-    log_w_last = fw.S[m - 1] - c * np.abs(fw.n[gid] - fw.pos[last] - fw.targets[gid, m])
-    del last, gid
+    output's cell, the cells backwards by runs (:func:`_backward`), the grid points of every run.
+    ``log_w_last``: :func:`_last_weights`, when the caller has them."""
+    m = fw.m
+    if log_w_last is None:
+        log_w_last = _last_weights(fw)
     i = fw.first[rows, m - 1] + _draw_segments(log_w_last, fw.off[m - 1, rows], fw.length[rows, m - 1], source)
     cell_of = _backward(fw, rows, i, source)
     # runs of equal cells: one uniform multiset of grid points each, drawn per run length
