@@ -474,14 +474,16 @@ def profile_worker(groups: int, rows: int, top: int = 14) -> None:
     groups of ``rows`` N(0, 5) rows (bounds +-100, deciles, eps = 1, auto), packed as the map
     side packs them (``_packing.pack_partition``) and released by the reduce side's body
     (``_release.release_partition``) under cProfile, in one process (one partition holding
-    every group). Prints the CPU time per group and the functions with the most cumulative
-    time."""
+    every group, sorted by bucket as the shuffle hands it over). Prints the CPU time per group
+    and the functions with the most cumulative time."""
     import cProfile
     import pstats
 
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from dpq_spark.core.randomness.grid import Grid
+    from dpq_spark.spark._columns import BUCKET
     from dpq_spark.spark._packing import pack_partition
     from dpq_spark.spark._release import ReleaseParams, release_partition
 
@@ -491,7 +493,10 @@ def profile_worker(groups: int, rows: int, top: int = 14) -> None:
     gen.shuffle(codes)
     batches = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 10_000])], names=["code"])
                for i in range(0, codes.size, 10_000)]
-    packed = list(pack_partition(iter(batches), span=1 << 33))
+    packed = pa.Table.from_batches(list(pack_partition(iter(batches), span=1 << 33)))
+    # as the shuffle hands a partition to the worker: sorted by bucket
+    packed = packed.take(pc.sort_indices(packed, [(BUCKET, "ascending")]))
+    packed = packed.combine_chunks().to_batches(max_chunksize=10_000)
     params = ReleaseParams(keys=("g",), quantiles=tuple(DECILES), epsilon=1.0, lower=-100.0,
                            upper=100.0, resolution=1 << 20, neighboring="add_remove",
                            mechanism="auto")

@@ -4,7 +4,11 @@ Each case is G groups of R rows of N(0, 5) data (bounds [-100, 100], or with ``-
 none: each group buys private bounds on the log-scale buckets; deciles, epsilon 1, add/remove,
 public keys), one partition holding every group. The rows are first packed as the
 map side packs them (``dpq_spark.spark._packing.pack_partition``) and written to an Arrow IPC
-stream file (once per case, in a scratch directory). Then, in a fresh child process per
+stream file (once per case, in a scratch directory), sorted by bucket in batches of at most
+10,000 packed rows as Spark hands the partition to the worker (the shuffle's output is sorted
+by bucket); a tree whose release does not read buckets in order (no
+``_packing.bucket_pieces``: its plan had no such sort) reads them as they were packed instead.
+Then, in a fresh child process per
 measurement, so that its peak RSS is that case's alone, the child imports what a Spark worker
 imports (numpy, pandas, pyarrow, dpq_spark), streams the file's record batches into the reduce
 side's body, ``dpq_spark.spark._release.release_partition`` (the very function ``mapInArrow``
@@ -56,6 +60,7 @@ PREPARE = textwrap.dedent("""
     from dpq_spark.core.randomness.grid import Grid
     from dpq_spark.spark._buckets import BUCKETS, bucket_index
     from dpq_spark.spark._packing import pack_partition
+    import pyarrow.compute as pc
     G, R, path, free = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
     gen = np.random.default_rng(1)
     x = gen.normal(0.0, 5.0, G * R)
@@ -66,13 +71,21 @@ PREPARE = textwrap.dedent("""
     gen.shuffle(codes)  # rows arrive in any order on the map side
     batches = (pa.RecordBatch.from_arrays([pa.array(codes[i:i + 10_000])], names=["code"])
                for i in range(0, codes.size, 10_000))
-    writer = None
-    for packed in pack_partition(batches, span=span):
-        if writer is None:
-            writer = pa.ipc.new_stream(path, packed.schema)
-        writer.write_batch(packed)
-    writer.close()
+    table = pa.Table.from_batches(list(pack_partition(batches, span=span)))
+    with pa.ipc.new_stream(path + ".packed", table.schema) as writer:  # as packed
+        writer.write_table(table)
+    table = table.take(pc.sort_indices(table, [(table.schema.names[0], "ascending")]))
+    with pa.ipc.new_stream(path, table.schema) as writer:  # as the sorted shuffle hands it
+        for batch in table.combine_chunks().to_batches(max_chunksize=10_000):
+            writer.write_batch(batch)
 """)
+
+
+def _input_of(tree: str, path: str) -> str:
+    """The file a tree reads: sorted by bucket, or as packed for a tree that has no
+    ``bucket_pieces`` (its plan did not sort the shuffle's output)."""
+    with open(os.path.join(tree, "dpq_spark", "spark", "_packing.py")) as f:
+        return path if "def bucket_pieces" in f.read() else path + ".packed"
 
 # One measurement: the worker's imports, the stream read batch by batch, the release.
 CHILD = textwrap.dedent("""
@@ -194,7 +207,8 @@ def main() -> None:
                 for mech in mechanisms:
                     for label, path in trees.items():  # alternate old and new
                         got = _slowest(_run_together(
-                            args.workers, path, CHILD, files[groups, rows], mech, groups,
+                            args.workers, path, CHILD, _input_of(path, files[groups, rows]),
+                            mech, groups,
                             int(args.tracemalloc), int(args.no_bounds)))
                         old = best.setdefault((groups, rows, mech, label), got)
                         old["wall"] = min(old["wall"], got["wall"])

@@ -1,7 +1,8 @@
 """Public-key codes sorted and packed per bucket of groups before the shuffle, and unpacked after it.
 
 :func:`pack_partition` is a ``mapInArrow`` body on the map side; :func:`unpacked` reads its rows
-on the reduce side. Reads no randomness and releases nothing: the codes only change place.
+on the reduce side, and :func:`bucket_pieces` cuts a partition's rows, sorted by bucket, into
+stretches of whole buckets. Reads no randomness and releases nothing: the codes only change place.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dpq_spark.spark._columns import BUCKET, CODES, COUNTS
 from dpq_spark.spark._fold import count_runs, run_starts
 from dpq_spark.spark._heap import trim_heap
 
-__all__ = ["KeyLookup", "pack_partition", "unpacked"]
+__all__ = ["KeyLookup", "pack_partition", "unpacked", "bucket_pieces"]
 
 _PACK_ROWS = 1 << 20  # codes a map task sorts together before packing them
 
@@ -174,3 +175,40 @@ def unpacked(batch):
     weights = np.ones(codes.size, dtype=np.int64)  # rows of both kinds: counts where given
     weights[np.repeat(given > 0, lengths)] = counts
     return codes, weights
+
+
+def bucket_pieces(batches, budget: int):
+    """The codes of one partition's packed rows, which arrive sorted by ``BUCKET``
+    (:func:`~dpq_spark.spark._dataflow.partitioned_codes` sorts each partition after the
+    shuffle), a batch or part of one at a time: ``(codes, counts or None, whole)``. ``whole``
+    is true when every bucket of the pieces so far is complete, and it is given about every
+    ``budget`` codes: when a batch would take the codes since the last such piece to
+    ``budget``, the rows before its last bucket end a piece of their own (a bucket continues
+    only into the next batch). A bucket of more codes than ``budget`` stays in one stretch
+    between two such pieces. Every group is whole in its bucket, so the groups of the pieces
+    between two ``whole`` ones are complete, and only they: the caller can release them and
+    forget them.
+
+    Packed rows out of bucket order raise ``RuntimeError`` (a bug: the stretch could miss
+    rows of a group that comes again later). Reads no randomness and releases nothing."""
+    held, last = 0, None
+    for batch in batches:
+        if len(batch) == 0:
+            continue
+        bucket = to_numpy(batch.column(BUCKET)).astype(np.int64, copy=False)
+        if (last is not None and bucket[0] < last) or np.any(bucket[1:] < bucket[:-1]):
+            raise RuntimeError("dp_quantiles: a partition's packed codes are not in bucket "
+                               "order (a bug: please report it)")
+        _, lengths = int64s(batch.column(CODES))
+        size = int(lengths.sum())
+        if held + size >= budget:
+            cut = int(np.searchsorted(bucket, bucket[-1]))  # rows before the last bucket
+            if cut:
+                yield (*unpacked(batch.slice(0, cut)), True)
+                batch, size, held = batch.slice(cut), int(lengths[cut:].sum()), 0
+            elif held and bucket[0] != last:  # a new bucket: every one held is complete
+                yield np.zeros(0, dtype=np.int64), None, True
+                held = 0
+        yield (*unpacked(batch), False)
+        held += size
+        last = int(bucket[-1])

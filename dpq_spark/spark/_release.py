@@ -56,7 +56,7 @@ from dpq_spark.spark._columns import CELL, COUNT, GID, KEY_HASH, MECHANISM, UNIT
 from dpq_spark.spark._heap import trim_heap
 from dpq_spark.spark._fold import FOLD_BUDGET, SPILL_SHRINK, Fold, reduce_sorted
 from dpq_spark.spark._mechanisms import get_mechanism
-from dpq_spark.spark._packing import unpacked
+from dpq_spark.spark._packing import bucket_pieces
 
 __all__ = ["ReleaseParams", "release_group", "release_counts", "release_values",
            "release_partition", "release_keyed_partition"]
@@ -577,30 +577,52 @@ def _release_slices(fold: Fold, params: ReleaseParams, units_of, hash_of):
 
 
 def release_partition(batches, params: ReleaseParams):
-    """``mapInArrow`` body of the public-key path: fold one partition, release each group
-    (Arrow record batches out, one row per group: ``GID``, ``value`` as a list of the m released
+    """``mapInArrow`` body of the public-key path: release each group of one partition (Arrow
+    record batches out, one row per group: ``GID``, ``value`` as a list of the m released
     values in the order of the quantiles, ``MECHANISM``; one row a group rather than m keeps
     Spark's row conversions of the output, and of its collection, m times smaller).
 
-    The input is hash partitioned by key index, so every group is whole in one partition. Each
-    row is one kept data row, a single ``CODE``: key index * 2**33 + grid index, or key index *
-    resolution + bucket without bounds. The output carries ``GID`` instead of the key columns
-    (the driver maps it back to the key). With bounds the rows go through a :class:`Fold`
-    (exact counts per distinct grid index within ``params.fold_budget`` pairs, else a spill file
-    and coarse counts, or sorted runs; see :mod:`dpq_spark.core.quantiles.coarse_bands` for why
-    the release is unchanged to within total variation 2**-59); without bounds they are counted
-    per (group, bucket), at most ``BUCKETS`` per group, in the same fold (past its budget it
-    writes sorted runs, never coarse counts).
+    The input is the packed rows of :func:`~dpq_spark.spark._packing.pack_partition`: each
+    holds codes of one bucket of groups (key index * 2**33 + grid index, or key index *
+    resolution + bucket without bounds), hash partitioned by bucket, so every group is whole
+    in one partition, and sorted by bucket within it. The output carries ``GID`` instead of the
+    key columns (the driver maps it back to the key). The rows are released a stretch of whole
+    buckets at a time (:func:`_release_stretches`), each through a :class:`Fold`: with bounds,
+    exact counts per distinct grid index within ``params.fold_budget`` pairs, else a spill file
+    and coarse counts, or sorted runs (see :mod:`dpq_spark.core.quantiles.coarse_bands` for why
+    the release is unchanged to within total variation 2**-59); without bounds, counts per
+    (group, bucket), at most ``BUCKETS`` per group (past its budget the fold writes sorted
+    runs, never coarse counts). When the partition ends the worker's freed memory goes back to
+    the OS (:func:`trim_heap`).
     """
-    yield from _with_fold(_release_partition, batches, params)
+    try:
+        yield from _release_partition(batches, params)
+    finally:
+        trim_heap()  # the worker is reused: its next task starts from a small resident set
 
 
-def _release_partition(batches, params: ReleaseParams, sink):
-    for batch in batches:
-        if len(batch) == 0:
-            continue
-        # key index and grid index (or bucket) in one int64, sorted and packed per group
-        sink.add(*unpacked(batch))
+def _release_stretches(batches, params: ReleaseParams, units_of, hash_of):
+    """Release a partition's packed rows (sorted by bucket) a stretch of whole buckets at a
+    time (:func:`~dpq_spark.spark._packing.bucket_pieces`, about ``params.fold_budget`` codes
+    each): each stretch goes through a fold of its own, whose groups are released when the
+    stretch ends and then forgotten (its files deleted), so a worker holds one stretch's
+    counts however many groups its partition has, and the fold sorts about ``fold_budget``
+    codes at a time. A stretch changes no group's release: every group is whole in one."""
+    fold = new_fold(params)
+    try:
+        for codes, counts, whole in bucket_pieces(batches, params.fold_budget):
+            if codes.size:
+                fold.add(codes, counts)
+            if whole:
+                yield from _release_sink(fold, params, units_of, hash_of)
+                fold.close()
+                fold = new_fold(params)
+        yield from _release_sink(fold, params, units_of, hash_of)
+    finally:
+        fold.close()
+
+
+def _release_partition(batches, params: ReleaseParams):
     if params.key_hashes is not None:
         def hash_of(gid):
             return params.key_hashes[gid]
@@ -612,7 +634,7 @@ def _release_partition(batches, params: ReleaseParams, sink):
         return None
 
     m = len(params.quantiles)
-    for part in output_blocks(_release_sink(sink, params, units_of, hash_of)):
+    for part in output_blocks(_release_stretches(batches, params, units_of, hash_of)):
         g = len(part.gids)
         values = arrow.numeric(part.values, pa.float64())
         yield pa.RecordBatch.from_arrays(

@@ -24,6 +24,7 @@ from dpq_spark.spark._buckets import (  # noqa: E402
     bucket_index,
     bucket_values,
 )
+from _shuffle import sorted_by_bucket  # noqa: E402
 
 DECILES = [i / 10 for i in range(1, 10)]
 N = 4000  # rows per group
@@ -184,7 +185,7 @@ def test_unseeded_partition_releases_bounds_free_groups_together(monkeypatch, gr
                                     lower=None, upper=None, resolution=BUCKETS,
                                     neighboring="add_remove", mechanism="auto",
                                     extra_columns=(_columns.CODE,), granularity=granularity)
-    batches = list(_packing.pack_partition(iter(raw), BUCKETS))
+    batches = sorted_by_bucket(_packing.pack_partition(iter(raw), BUCKETS), 3)
     out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params)))
     assert out.column(_columns.GID).to_pylist() == list(range(len(sizes)))
     assert len(calls) > 2 and sum(calls) == len(sizes)
@@ -201,14 +202,14 @@ def test_unseeded_partition_releases_bounds_free_groups_together(monkeypatch, gr
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-def test_bounds_free_partition_past_the_fold_budget_writes_runs_and_releases_each_group_once(
-        monkeypatch, keyed):
+def test_bounds_free_partition_past_the_fold_budget_releases_each_group_once(monkeypatch, keyed):
     """Without bounds the partition's (group, bucket) counts go through the same fold as with
-    bounds: past a budget of 3,000 codes (lowered) it writes sorted runs, never coarse counts,
-    and releases its groups a slice at a time. Seeded (per-key draws), every group's release is
-    the very one of an unbounded budget; unseeded, each group comes out once, in order, from its
-    own buckets (at epsilon 1e3 each decile's rank is within 3 of its target). Both the
-    public-key and the selected-key bodies."""
+    bounds, past a budget of 3,000 codes (lowered) never to coarse counts: the selected-key
+    body's one fold writes sorted runs and releases its groups a slice at a time; the public-key
+    body, whose rows come sorted by bucket, starts a fold for each stretch of whole buckets and
+    writes no runs. Seeded (per-key draws), every group's release is the very one of an
+    unbounded budget; unseeded, each group comes out once, in order, from its own buckets (at
+    epsilon 1e3 each decile's rank is within 3 of its target)."""
     import pyarrow as pa
 
     from dpq_spark.spark import _columns, _fold, _packing, _release
@@ -242,28 +243,39 @@ def test_bounds_free_partition_past_the_fold_budget_writes_runs_and_releases_eac
         codes = gid * BUCKETS + cells
         raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 700])], names=[_columns.CODE])
                for i in range(0, codes.size, 700)]
-        batches = list(_packing.pack_partition(iter(raw), BUCKETS))
+        batches = sorted_by_bucket(_packing.pack_partition(iter(raw), BUCKETS), 3)
         params = dataclasses.replace(base, extra_columns=(_columns.CODE,))
 
         def release(p):
             out = pa.Table.from_batches(list(_release.release_partition(iter(batches), p)))
             return out.column(_columns.GID).to_pylist(), np.asarray(out.column("value").to_pylist())
 
-    runs = []
-    real_write = _fold.Fold._write_run
+    runs, folds = [], []
+    real_write, real_new = _fold.Fold._write_run, _release.new_fold
     monkeypatch.setattr(_fold.Fold, "_write_run",
                         lambda self, c, w: runs.append(c.size) or real_write(self, c, w))
+    monkeypatch.setattr(_release, "new_fold", lambda p: folds.append(1) or real_new(p))
+
+    def past_the_budget():
+        if keyed:  # one fold for the partition: sorted runs of about the budget
+            assert len(runs) > 2 and max(runs) <= 3000 + 500 + 700
+        else:  # a fold for each stretch of whole buckets: no runs
+            assert not runs and len(folds) > 2
+        runs.clear()
+        folds.clear()
+
     seeded = dataclasses.replace(params, base_seed=5, key_hashes=tuple(range(sizes.size)))
     whole_keys, whole = release(seeded)
-    assert not runs  # the default budget holds the partition
+    assert not runs and len(folds) == 1  # the default budget holds the partition
+    folds.clear()
     small = dataclasses.replace(seeded, fold_budget=3000)
     sliced_keys, sliced = release(small)
-    assert len(runs) > 2 and max(runs) <= 3000 + 500 + 700
+    past_the_budget()
     assert sliced_keys == whole_keys == list(range(sizes.size))
     assert np.array_equal(sliced, whole)  # the same per-key draws on the same counts
-    runs.clear()
     keys, values = release(dataclasses.replace(params, fold_budget=3000))
-    assert len(runs) > 2 and keys == list(range(sizes.size))
+    past_the_budget()
+    assert keys == list(range(sizes.size))
     for g, (x, value) in enumerate(zip(data, values)):
         # the rank of each decile among its group's data: within 3 of its target (2.4 the worst
         # over 30 releases of these groups, spilled or not)

@@ -23,6 +23,7 @@ from dpq_spark.spark._release import ReleaseParams  # noqa: E402
 from dpq_spark.core.quantiles.coarse_bands import coarse_midpoints, coarse_of  # noqa: E402
 from dpq_spark.core.randomness.grid import Grid  # noqa: E402
 from dpq_spark.spark._selection import laplace_scale, selection_threshold  # noqa: E402
+from _shuffle import sorted_by_bucket  # noqa: E402
 
 
 def _params(**kw):
@@ -317,7 +318,7 @@ def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
     monkeypatch.setattr(_packing, "_PACK_ROWS", 1000)  # several packed chunks per group
     raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 450])], names=[_columns.CODE])
            for i in range(0, 4000, 450)]
-    batches = list(_packing.pack_partition(iter(raw), 1 << 33))
+    batches = sorted_by_bucket(_packing.pack_partition(iter(raw), 1 << 33), 3)
     params = _params(keys=("g",), extra_columns=(_columns.CODE,), epsilon=1e4,
                      fold_budget=budget, spill_shrink=1.0)
     out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params))).to_pandas()
@@ -326,6 +327,81 @@ def test_packed_codes_are_released_per_key_index(monkeypatch, budget):
     assert out[_columns.GID].tolist() == list(range(7))
     for g, value in zip(out[_columns.GID], out["value"]):
         assert [GRID.value(np.median(k[gids == g]))] == list(value)
+
+
+def _packed_groups(monkeypatch, groups, rows, seed, shift=0):
+    """Codes of ``groups`` groups of ``rows`` grid indices each, in random order,
+    packed in chunks of 1,000 codes (each chunk's rows sorted on their own, as a map task's)."""
+    monkeypatch.setattr(_packing, "_PACK_ROWS", 1000)
+    gen = np.random.default_rng(seed)
+    gids = np.repeat(np.arange(groups, dtype=np.int64), rows)
+    k = 2**31 + (gids << 22) + gen.integers(0, 2**21, gids.size)  # each group its own range
+    codes = (gids << 33) + k
+    order = gen.permutation(codes.size)
+    raw = [pa.RecordBatch.from_arrays([pa.array(codes[order][i:i + 500])], names=[_columns.CODE])
+           for i in range(0, codes.size, 500)]
+    return gids, k, list(_packing.pack_partition(iter(raw), 1 << 33, shift=shift))
+
+
+@pytest.mark.parametrize("shift", [0, 2])
+def test_bucket_pieces_end_stretches_only_after_whole_buckets(monkeypatch, shift):
+    """Packed rows sorted by bucket, in batches that cut buckets anywhere: the pieces carry
+    every code once, a stretch ends (``whole``) only when every bucket before it is complete
+    (none comes again), about every budget codes (many stretches, none far past the budget
+    plus a batch)."""
+    gids, k, packed = _packed_groups(monkeypatch, 60, 150, 11, shift)
+    batches = sorted_by_bucket(packed, 7)
+    budget = 1000
+    got, seen, done, stretch, sizes = [], set(), set(), 0, []
+    for codes, counts, whole in _packing.bucket_pieces(iter(batches), budget):
+        assert counts is None  # distinct codes: raw
+        buckets = set(((codes >> 33) >> shift).tolist())
+        assert not buckets & done  # a bucket of an ended stretch never comes again
+        seen |= buckets
+        got.append(codes)
+        stretch += codes.size
+        if whole:
+            done |= seen
+            sizes.append(stretch)
+            stretch = 0
+    assert np.array_equal(np.sort(np.concatenate(got)), np.sort((gids << 33) + k))
+    most = max(len(_packing.unpacked(b)[0]) for b in batches)  # codes in a batch
+    assert len(sizes) >= 5 and max(sizes) <= budget + most
+
+
+def test_bucket_pieces_refuse_rows_out_of_bucket_order(monkeypatch):
+    """Rows out of bucket order, within a batch or from one batch to the next, raise before
+    their stretch is released, naming no data."""
+    _, _, packed = _packed_groups(monkeypatch, 20, 100, 12)
+    batches = sorted_by_bucket(packed, 9)
+    for bad in (batches[::-1], [pa.concat_tables(  # one batch, its halves swapped
+            [pa.Table.from_batches(batches[len(batches) // 2:]),
+             pa.Table.from_batches(batches[:len(batches) // 2])]).combine_chunks().to_batches()[0]]):
+        with pytest.raises(RuntimeError, match="not in bucket order") as err:
+            list(_packing.bucket_pieces(iter(bad), 10**9))
+        assert not any(ch.isdigit() for ch in str(err.value))
+
+
+def test_a_partition_is_released_a_stretch_at_a_time(monkeypatch):
+    """A partition of many groups, past the fold budget several times over: its groups are
+    released stretch by stretch, each exactly once and from its own rows (epsilon 1e4: within
+    a point of the median; each group's rows have a range of their own), and no fold writes
+    sorted runs or spills (each holds about a budget of codes, however many groups the
+    partition has)."""
+    gids, k, packed = _packed_groups(monkeypatch, 200, 41, 13)
+    batches = sorted_by_bucket(packed, 11)
+    folds, writes = [], []
+    real_new = _release.new_fold
+    monkeypatch.setattr(_release, "new_fold", lambda p: folds.append(real_new(p)) or folds[-1])
+    monkeypatch.setattr(_fold.Fold, "_write_run", lambda *a: writes.append(1))
+    monkeypatch.setattr(_fold.Fold, "_start_spill", lambda *a: writes.append(1))
+    params = _params(keys=("g",), extra_columns=(_columns.CODE,), epsilon=1e4, fold_budget=900)
+    out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params)))
+    assert out.column(_columns.GID).to_pylist() == list(range(200))
+    assert len(folds) >= 8 and not writes
+    for g, value in zip(range(200), out.column("value").to_pylist()):
+        x = GRID.value(np.sort(k[gids == g]))
+        assert x[19] <= value[0] <= x[21]
 
 
 @pytest.mark.parametrize("granularity", [None, 1.0])
@@ -361,7 +437,7 @@ def test_a_fold_on_a_declared_grid_writes_runs_instead_of_spilling(monkeypatch, 
     gen.shuffle(codes)
     raw = [pa.RecordBatch.from_arrays([pa.array(codes[i:i + 450])], names=[_columns.CODE])
            for i in range(0, codes.size, 450)]
-    batches = list(_packing.pack_partition(iter(raw), 1 << 33))
+    batches = sorted_by_bucket(_packing.pack_partition(iter(raw), 1 << 33), 3)
     out = pa.Table.from_batches(list(_release.release_partition(iter(batches), params)))
     assert out.column(_columns.GID).to_pylist() == list(range(300))
     assert len(calls) > 1  # a slice of groups at a time
