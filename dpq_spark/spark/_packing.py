@@ -181,34 +181,37 @@ def bucket_pieces(batches, budget: int):
     """The codes of one partition's packed rows, which arrive sorted by ``BUCKET``
     (:func:`~dpq_spark.spark._dataflow.partitioned_codes` sorts each partition after the
     shuffle), a batch or part of one at a time: ``(codes, counts or None, whole)``. ``whole``
-    is true when every bucket of the pieces so far is complete, and it is given about every
-    ``budget`` codes: when a batch would take the codes since the last such piece to
-    ``budget``, the rows before its last bucket end a piece of their own (a bucket continues
-    only into the next batch). A bucket of more codes than ``budget`` stays in one stretch
-    between two such pieces. Every group is whole in its bucket, so the groups of the pieces
-    between two ``whole`` ones are complete, and only they: the caller can release them and
-    forget them.
+    is true when every bucket of the pieces so far is complete: it ends a *stretch*, as soon as
+    the stretch holds ``budget`` codes and the bucket that reached it has ended (the next row
+    holds a later bucket; a bucket may continue into the next batch). A stretch is thus at most
+    ``budget`` codes plus one bucket's. Every group is whole in its bucket, so the groups of a
+    stretch are complete, and only they: the caller can release them and forget them.
 
-    Packed rows out of bucket order raise ``RuntimeError`` (a bug: the stretch could miss
-    rows of a group that comes again later). Reads no randomness and releases nothing."""
-    held, last = 0, None
+    Packed rows out of bucket order raise ``RuntimeError`` (a bug: a stretch could miss rows
+    of a group that comes again later). Reads no randomness and releases nothing."""
+    held, last = 0, None  # codes in the stretch so far, and the bucket of its last row
     for batch in batches:
-        if len(batch) == 0:
+        n = len(batch)
+        if n == 0:
             continue
         bucket = to_numpy(batch.column(BUCKET)).astype(np.int64, copy=False)
         if (last is not None and bucket[0] < last) or np.any(bucket[1:] < bucket[:-1]):
             raise RuntimeError("dp_quantiles: a partition's packed codes are not in bucket "
                                "order (a bug: please report it)")
-        _, lengths = int64s(batch.column(CODES))
-        size = int(lengths.sum())
-        if held + size >= budget:
-            cut = int(np.searchsorted(bucket, bucket[-1]))  # rows before the last bucket
-            if cut:
-                yield (*unpacked(batch.slice(0, cut)), True)
-                batch, size, held = batch.slice(cut), int(lengths[cut:].sum()), 0
-            elif held and bucket[0] != last:  # a new bucket: every one held is complete
-                yield np.zeros(0, dtype=np.int64), None, True
-                held = 0
-        yield (*unpacked(batch), False)
-        held += size
+        if held >= budget and bucket[0] != last:  # the bucket that reached the budget ended
+            yield np.zeros(0, dtype=np.int64), None, True
+            held = 0
+        ends = np.cumsum(int64s(batch.column(CODES))[1])  # codes up to each row, inclusive
+        start = 0  # the batch's first row not given yet
+        while True:
+            before = int(ends[start - 1]) if start else 0
+            # the row at which the stretch reaches the budget, and the end of its bucket
+            r = max(start, int(np.searchsorted(ends, budget - held + before)))
+            stop = n if r >= n else int(np.searchsorted(bucket, bucket[r], side="right"))
+            if stop == n:  # no budget reached, or its bucket may go on in the next batch
+                yield (*unpacked(batch.slice(start)), False)
+                held += int(ends[-1]) - before
+                break
+            yield (*unpacked(batch.slice(start, stop - start)), True)
+            held, start = 0, stop
         last = int(bucket[-1])

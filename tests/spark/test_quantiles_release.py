@@ -347,8 +347,8 @@ def _packed_groups(monkeypatch, groups, rows, seed, shift=0):
 def test_bucket_pieces_end_stretches_only_after_whole_buckets(monkeypatch, shift):
     """Packed rows sorted by bucket, in batches that cut buckets anywhere: the pieces carry
     every code once, a stretch ends (``whole``) only when every bucket before it is complete
-    (none comes again), about every budget codes (many stretches, none far past the budget
-    plus a batch)."""
+    (none comes again), once it holds the budget: every stretch but the last holds at least
+    the budget and at most the budget and one bucket more."""
     gids, k, packed = _packed_groups(monkeypatch, 60, 150, 11, shift)
     batches = sorted_by_bucket(packed, 7)
     budget = 1000
@@ -365,8 +365,8 @@ def test_bucket_pieces_end_stretches_only_after_whole_buckets(monkeypatch, shift
             sizes.append(stretch)
             stretch = 0
     assert np.array_equal(np.sort(np.concatenate(got)), np.sort((gids << 33) + k))
-    most = max(len(_packing.unpacked(b)[0]) for b in batches)  # codes in a batch
-    assert len(sizes) >= 5 and max(sizes) <= budget + most
+    bucket = 150 << shift  # codes in a bucket
+    assert len(sizes) >= 5 and all(budget <= size <= budget + bucket for size in sizes)
 
 
 def test_bucket_pieces_refuse_rows_out_of_bucket_order(monkeypatch):
