@@ -850,7 +850,7 @@ class _Dense:
         if key not in self.blocks:
             self.blocks[key] = self._blocks(tau)
         bs, be, layout = self.blocks[key]
-        slot, shape = layout
+        slot, shape, _ = layout
         zero = shape[1] - 2  # the column of zeros
         sf = np.zeros((G, r1 - r0), dtype=np.int64)  # block start of the cell before each receiver
         sf[:, r0 == 0:] = bs[:, max(r0 - 1, 0):r1 - 1]
@@ -869,11 +869,15 @@ class _Dense:
 
     def _blocks(self, tau):
         """Blocks of ranks ``[b tau, (b + 1) tau)`` (``tau`` per group, ``0.75 t``): each cell's
-        block start and end (columns) and the blocks' layout for their scans: ``(slot, shape)``,
-        ``slot`` each cell's place in a ``shape`` array holding one block a column (its cells
-        from row 0, zeros after), the padding columns all at one slot of the last column; the
-        column before it stays zero (the exact zero a piece the window does not take reads).
-        Blocks as columns: their sums run as one addition of whole rows per place in a block."""
+        block start and end (columns) and the blocks' layout for their scans: ``(slot, shape,
+        place)``, ``slot`` each cell's place in a ``shape`` array holding one block a column
+        (its cells from row 0, zeros after), the padding columns all at one slot of the last
+        column; the column before it stays zero (the exact zero a piece the window does not
+        take reads). Blocks as columns: their sums run as one addition of whole rows per place
+        in a block. Row g's b-th block is column ``b G + g`` (``place[g, c]`` is b for cell c,
+        the last block's for the padding after the row's cells), so the blocks that meet a
+        range of cells of every row are one range of columns (:meth:`_kernel` scans only
+        those)."""
         G, W, col, valid = self.fw.G, self.W, self.col, self.valid
         block = np.where(valid, np.floor(np.where(valid, self.P, 0.0) / tau[:, None]), -1.0 - col[None, :])
         head = np.ones((G, W), dtype=bool)
@@ -883,10 +887,11 @@ class _Dense:
         bs = np.maximum.accumulate(np.where(head, col, 0), axis=1)
         be = (W - 1) - np.maximum.accumulate(np.where(tail, W - 1 - col, 0)[:, ::-1], axis=1)[:, ::-1]
         width = int((be - bs).max()) + 1
-        number = np.cumsum(head & valid) - 1  # each valid cell's block, counted over all rows
-        blocks = int(number[-1]) + 1 if number.size else 0
-        slot = np.where(valid, (col - bs) * (blocks + 2) + number.reshape(G, W), blocks + 1)
-        return bs, be, (slot, (width, blocks + 2))
+        place = np.cumsum(head & valid, axis=1) - 1  # each cell's block, counted in its row
+        blocks = (int(place.max()) + 1) * G if place.size else 0
+        number = place * G + np.arange(G)[:, None]
+        slot = np.where(valid, (col - bs) * (blocks + 2) + number, blocks + 1)
+        return bs, be, (slot, (width, blocks + 2), place)
 
     def run(self) -> np.ndarray:
         """Fill ``fw``'s tables; returns each group's ``ok`` (its range guards held). A refused
@@ -972,11 +977,18 @@ class _Dense:
         # the in-block prefix and suffix sums of v: each block a column of its own (zeros after
         # its cells, and at every cell outside [s0, e0), whose v is 0), summed down the columns
         # in order (the numbers of a cumulative sum; a row at a time is about 3x faster)
-        slot, shape = layout
+        slot, shape, place = layout
         pre = np.zeros(shape)
         pre.ravel()[slot[:, s0:e0]] = np.multiply(e, Em, out=self.tmp[:, s0:e0])
-        suf = pre.copy()
-        _cumulate(pre, suf)
+        # only the blocks that meet cells [min(s0, r0 - 1), e0) of some row are read (the
+        # window's pieces lie in [lo, i), lo >= s0, i < r1 <= e0); they are one range of
+        # columns; the others, and the column of zeros, are left as they are
+        a = max(min(s0, r0 - 1), 0)
+        G = fw.G
+        cols = slice(int(place[:, a].min()) * G, (int(place[:, e0 - 1].max()) + 1) * G)
+        suf = np.zeros(shape)
+        suf[:, cols] = pre[:, cols]
+        _cumulate(pre[:, cols], suf[:, cols])
         ect = np.exp(c * fw.targets[:, j - 1])[:, None]
         part = causal.take(st["at_lo"]) * Em[:, r0 - s0:r1 - s0]
         part *= ect
