@@ -9,9 +9,10 @@ noise is the same on both sides. :func:`observe` records, from outside the produ
 - the data each group's mechanism receives: the rows kept by contribution bounding, clamped and
   mapped to their grid index (or bucket), rebuilt on the driver from the plan ``dp_quantiles``
   builds (``quantiles._plan``), with one extra Spark job that the release itself never runs;
-- on the public-key path, each shuffle partition's fold (spilled or not, distinct cells held)
-  and the release replayed in this process from the very codes Spark fed the Python workers,
-  which must equal what Spark released (the replay is seed-for-seed the executors' code).
+- on the public-key path, the fold of each stretch of whole buckets of each shuffle partition
+  (spilled or not, distinct cells held) and the release replayed in this process from the very
+  codes Spark fed the Python workers, which must equal what Spark released (the replay is
+  seed-for-seed the executors' code).
 
 :func:`transcript_bound` is the statistic of the transcript-ratio test: from the outputs of
 many seeded runs on each neighbour, binned, a lower confidence bound on the largest log-ratio
@@ -37,7 +38,7 @@ from dpq_spark.spark import quantiles as Q
 from dpq_spark.spark._arguments import parse_request
 from dpq_spark.spark._columns import BUCKET, CELL, CODE, CODES, COUNTS, GID, KEY_HASH
 from dpq_spark.spark._fold import Fold
-from dpq_spark.spark._packing import unpacked
+from dpq_spark.spark._packing import bucket_pieces
 
 _PID = "__neighbours_pid"
 
@@ -61,7 +62,9 @@ class Observed:
     schema: str  # the output's schema, as JSON
     rows: list  # the output's rows, as tuples, in order
     kept: Counter  # (unit, keys..., cell) -> rows kept by bounding (unit None without one)
-    folds: list | None  # public keys: per shuffle partition, (spilled, distinct codes, its keys)
+    # public keys: per stretch of each shuffle partition, (spilled, distinct codes, its keys,
+    # the partition's keys)
+    folds: list | None
     replayed: dict | None  # public keys, seeded: key tuple -> values, replayed in this process
     params: _release.ReleaseParams  # the per-group parameters the release used
     keys: tuple  # key columns
@@ -142,8 +145,9 @@ def _kept(req, frame) -> Counter:
 
 def _public_key_folds(req, params, frame, key_table, lookup, seeded):
     """Replay the public-key path's Python side partition by partition, from the codes Spark
-    shuffled: each partition's fold (spilled?, distinct codes) and, seeded, its release
-    (key tuple -> released values)."""
+    shuffled: the fold of each stretch of whole buckets (spilled?, distinct codes; cut as
+    ``release_partition`` cuts them) and, seeded, the partition's release (key tuple ->
+    released values)."""
     key_of = list(zip(*[key_table.column(k).to_pylist() for k in req.keys]))
     hashes = key_table.column(KEY_HASH).to_pylist()
     params = dataclasses.replace(params, extra_columns=(CODE,),
@@ -156,14 +160,22 @@ def _public_key_folds(req, params, frame, key_table, lookup, seeded):
     for pid in sorted(set(pids.tolist())):
         part = table.filter(pa.array(pids == pid)).select([BUCKET, CODES, COUNTS])
         batches = part.combine_chunks().to_batches()
-        fold = _release.new_fold(params)
-        for batch in batches:
-            fold.add(*unpacked(batch))
-        fold.finish()
-        held = int((fold.coarse if fold.spilled else fold.fine).codes.size)
-        gids = sorted(set(np.concatenate([unpacked(b)[0] for b in batches]) >> Fold.SHIFT))
-        folds.append((fold.spilled, held, frozenset(key_of[g] for g in gids)))
-        fold.close()
+        stretches, fold, gids = [], _release.new_fold(params), set()
+        for codes, counts, whole in bucket_pieces(iter(batches), params.fold_budget):
+            if codes.size:
+                fold.add(codes, counts)
+                gids |= set((codes >> Fold.SHIFT).tolist())
+            if whole:
+                stretches.append((fold, gids))
+                fold, gids = _release.new_fold(params), set()
+        stretches.append((fold, gids))
+        everyone = frozenset(key_of[g] for _, gids in stretches for g in gids)
+        for fold, gids in stretches:
+            fold.finish()
+            if gids:
+                held = int((fold.coarse if fold.spilled else fold.fine).codes.size)
+                folds.append((fold.spilled, held, frozenset(key_of[g] for g in gids), everyone))
+            fold.close()
         if seeded:
             for out in _release.release_partition(iter(batches), params):
                 for gid, value in zip(out.column(GID).to_pylist(), out.column("value").to_pylist()):

@@ -185,16 +185,18 @@ def audit(big, small, kwargs, *, seeded=True, jobs_may_differ=False, unit_id=U):
                 repr(observed.replayed), "the replay is not what Spark released"
 
 
+def _branches(observed) -> dict:
+    """Each key's fold branch (spilled or not: that of its stretch)."""
+    return {key: spilled for spilled, _, keys, _ in observed.folds for key in keys}
+
+
 def _same_fold(big, small) -> set:
-    """Keys whose shuffle partition took the same fold branch in both releases (all keys
-    when there is no fold to replay)."""
+    """Keys whose stretch took the same fold branch in both releases (all keys when there is
+    no fold to replay)."""
     if big.folds is None:
         return set(big.values()) | set(small.values())
-    same = set()
-    for (spilled_a, _, keys_a), (spilled_b, _, keys_b) in zip(big.folds, small.folds):
-        if spilled_a == spilled_b:
-            same |= keys_a & keys_b
-    return same
+    a, b = _branches(big), _branches(small)
+    return {key for key in a.keys() & b.keys() if a[key] == b[key]}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -271,22 +273,24 @@ def test_audit_notices_other_randomness_in_untouched_groups(spark):
 
 
 def test_a_spill_decision_differs_between_neighbours_and_nothing_else(spark, monkeypatch):
-    """The fold's spill is decided from a partition's data: at a budget where D's partition
-    holding the unit spills and D''s does not, the decisions differ (documented: time, memory
-    and disk, docs/security.md) and every other check still holds; the replayed folds are the
-    executors' (their releases match)."""
+    """The fold's spill is decided from a stretch's data: at a budget where D's partition
+    holding the unit spills and D''s does not, the decisions differ, only in partitions that
+    hold the unit (documented: time, memory and disk, docs/security.md), and every other check
+    still holds; the replayed folds are the executors' (their releases match)."""
     column, kwargs, _ = CASES["literal keys, R=2 G=2, JointExp, double"]
     monkeypatch.setattr(_fold, "SPILL_SHRINK", 1.0)  # spill whenever past the budget
     big, small = _pair(spark, column, kwargs, 11)
     touched = set(big.unit_rows(U))
-    sizes = [(held_small, held_big) for (_, held_big, keys), (_, held_small, _)
+    sizes = [(held_small, held_big) for (_, held_big, keys, _), (_, held_small, _, _)
              in zip(big.folds, small.folds) if keys & touched and held_big > held_small]
     assert sizes, "the unit adds no distinct cell to any partition: no boundary to test"
     monkeypatch.setattr(_fold, "FOLD_BUDGET", sizes[0][0])  # D' fits, D does not
     big, small = _pair(spark, column, kwargs, 11)
-    differ = [keys for (a, _, keys), (b, _, _) in zip(big.folds, small.folds) if a != b]
-    assert differ and all(keys & touched for keys in differ)
-    assert any(spilled for spilled, _, _ in big.folds)
+    a, b = _branches(big), _branches(small)
+    differ = {key for key in a.keys() & b.keys() if a[key] != b[key]}
+    partition = {key: everyone for _, _, keys, everyone in big.folds for key in keys}
+    assert differ and all(partition[key] & touched for key in differ)
+    assert any(spilled for spilled, _, _, _ in big.folds)
     audit(big, small, kwargs)
 
 
