@@ -533,13 +533,14 @@ def _release_batch(gids, starts, ends, index, counts, params: ReleaseParams):
 
 
 def new_fold(params: ReleaseParams) -> Fold:
-    """A partition's :class:`Fold`. With bounds its codes are ``gid * 2**33 + k``; without,
-    ``gid * resolution + bucket``. It spills to coarse counts only on the default grid with
-    bounds: on a declared grid every mechanism reads each group's whole grid data
-    (:func:`band_keep` keeps every cell), and without bounds the bounds' search reads each
-    group's buckets, so a spill would bring all of the partition's counts back at once; past
-    its budget the fold writes sorted runs instead, and its groups are released a slice at a
-    time."""
+    """The :class:`Fold` of a stretch of a public-key partition (:func:`_release_stretches`)
+    or of a whole partition with partition selection. With bounds its codes are
+    ``gid * 2**33 + k``; without, ``gid * resolution + bucket``. It spills to coarse counts only
+    on the default grid with bounds: on a declared grid every mechanism reads each group's
+    whole grid data (:func:`band_keep` keeps every cell), and without bounds the bounds' search
+    reads each group's buckets, so a spill would bring all of the fold's counts back at once;
+    past its budget the fold writes sorted runs instead, and its groups are released a slice
+    at a time."""
     if params.bounds_free:
         return Fold(params.fold_budget, 0.0, span=params.resolution)
     return Fold(params.fold_budget, params.spill_shrink if params.granularity is None else 0.0)
