@@ -2,13 +2,12 @@
 
 Each case is G groups of R rows of N(0, 5) data (bounds [-100, 100], or with ``--no-bounds``
 none: each group buys private bounds on the log-scale buckets; deciles, epsilon 1, add/remove,
-public keys), one partition holding every group. The rows are first packed as the
-map side packs them (``dpq_spark.spark._packing.pack_partition``) and written to an Arrow IPC
-stream file (once per case, in a scratch directory), sorted by bucket in batches of at most
-10,000 packed rows as Spark hands the partition to the worker (the shuffle's output is sorted
-by bucket); a tree whose release does not read buckets in order (no
-``_packing.bucket_pieces``: its plan had no such sort) reads them as they were packed instead.
-Then, in a fresh child process per
+public keys), one partition holding every group. The rows are first packed as the map side
+packs them (``dpq_spark.spark._packing.pack_partition``) and written to an Arrow IPC stream file
+(once per case, in a scratch directory), sorted by bucket in batches of at most 10,000 packed
+rows, as Spark hands the partition to the worker (the shuffle's output is sorted by bucket); a
+tree whose release does not read buckets in order (no ``_packing.bucket_pieces``: its plan had
+no such sort) reads them as they were packed instead. Then, in a fresh child process per
 measurement, so that its peak RSS is that case's alone, the child imports what a Spark worker
 imports (numpy, pandas, pyarrow, dpq_spark), streams the file's record batches into the reduce
 side's body, ``dpq_spark.spark._release.release_partition`` (the very function ``mapInArrow``
@@ -57,10 +56,10 @@ PREPARE = textwrap.dedent("""
     import sys
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
     from dpq_spark.core.randomness.grid import Grid
     from dpq_spark.spark._buckets import BUCKETS, bucket_index
     from dpq_spark.spark._packing import pack_partition
-    import pyarrow.compute as pc
     G, R, path, free = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
     gen = np.random.default_rng(1)
     x = gen.normal(0.0, 5.0, G * R)
