@@ -602,16 +602,24 @@ def release_partition(batches, params: ReleaseParams):
         trim_heap()  # the worker is reused: its next task starts from a small resident set
 
 
+def stretch_codes(params: ReleaseParams) -> int:
+    """The codes after which a stretch of whole buckets ends (it ends with the bucket that
+    reaches them): half of ``params.fold_budget``, so that its fold keeps the stretch in memory
+    unless one bucket holds more than the other half (:func:`_release_stretches`)."""
+    return params.fold_budget // 2
+
+
 def _release_stretches(batches, params: ReleaseParams, units_of, hash_of):
     """Release a partition's packed rows (sorted by bucket) a stretch of whole buckets at a
-    time (:func:`~dpq_spark.spark._packing.bucket_pieces`, about ``params.fold_budget`` codes
-    each): each stretch goes through a fold of its own, whose groups are released when the
-    stretch ends and then forgotten (its files deleted), so a worker holds one stretch's
-    counts however many groups its partition has, and the fold sorts about ``fold_budget``
-    codes at a time. A stretch changes no group's release: every group is whole in one."""
+    time (:func:`~dpq_spark.spark._packing.bucket_pieces`, :func:`stretch_codes` codes and at
+    most one bucket more each): each stretch goes through a fold of its own, whose groups are
+    released when the stretch ends and then forgotten (its files deleted), so a worker holds
+    one stretch's counts however many groups its partition has. (A stretch of the whole budget
+    would go past it by that bucket, and its fold would write it out as a sorted run and read
+    it back.) A stretch changes no group's release: every group is whole in one."""
     fold = new_fold(params)
     try:
-        for codes, counts, whole in bucket_pieces(batches, params.fold_budget):
+        for codes, counts, whole in bucket_pieces(batches, stretch_codes(params)):
             if codes.size:
                 fold.add(codes, counts)
             if whole:

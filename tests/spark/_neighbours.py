@@ -65,6 +65,10 @@ class Observed:
     # public keys: per stretch of each shuffle partition, (spilled, distinct codes, its keys,
     # the partition's keys)
     folds: list | None
+    # public keys: each shuffle partition's packed rows, as Spark handed them to the worker,
+    # and the key tuple of each group id (for replays at other budgets: stretch_folds)
+    partitions: list | None
+    key_of: list | None
     replayed: dict | None  # public keys, seeded: key tuple -> values, replayed in this process
     params: _release.ReleaseParams  # the per-group parameters the release used
     keys: tuple  # key columns
@@ -119,11 +123,12 @@ def observe(spark, pdf: pd.DataFrame, column: str, seed, *, schema=None, folds: 
     params, frame, lookup = Q._plan(req, key_table)
     kept = _kept(req, frame)
     replay = folds and key_table is not None and req.lower is not None
-    folds = replayed = None
+    folds = partitions = key_of = replayed = None
     if replay:
-        folds, replayed = _public_key_folds(req, params, frame, key_table, lookup,
-                                            seed is not None)
-    return Observed(jobs[0], out.schema.json(), rows, kept, folds, replayed, params, req.keys)
+        folds, partitions, key_of, replayed = _public_key_folds(req, params, frame, key_table,
+                                                                lookup, seed is not None)
+    return Observed(jobs[0], out.schema.json(), rows, kept, folds, partitions, key_of, replayed,
+                    params, req.keys)
 
 
 def _grid(req) -> dict:
@@ -156,12 +161,27 @@ def _public_key_folds(req, params, frame, key_table, lookup, seeded):
                                    **_grid(req), groups=key_table.num_rows)
     table = _compat.to_arrow(codes.withColumn(_PID, F.spark_partition_id()))
     pids = np.asarray(table.column(_PID).to_numpy())
-    folds, replayed = [], {}
+    partitions, replayed = [], {}
     for pid in sorted(set(pids.tolist())):
         part = table.filter(pa.array(pids == pid)).select([BUCKET, CODES, COUNTS])
         batches = part.combine_chunks().to_batches()
+        partitions.append(batches)
+        if seeded:
+            for out in _release.release_partition(iter(batches), params):
+                for gid, value in zip(out.column(GID).to_pylist(), out.column("value").to_pylist()):
+                    replayed[key_of[gid]] = tuple(value)
+    return (stretch_folds(partitions, params, key_of), partitions, key_of,
+            replayed if seeded else None)
+
+
+def stretch_folds(partitions, params, key_of) -> list:
+    """Each partition's stretches as ``release_partition`` cuts them at ``params``' budget: per
+    stretch with groups, (its fold spilled?, its distinct codes, its keys, its partition's
+    keys)."""
+    folds = []
+    for batches in partitions:
         stretches, fold, gids = [], _release.new_fold(params), set()
-        for codes, counts, whole in bucket_pieces(iter(batches), params.fold_budget):
+        for codes, counts, whole in bucket_pieces(iter(batches), _release.stretch_codes(params)):
             if codes.size:
                 fold.add(codes, counts)
                 gids |= set((codes >> Fold.SHIFT).tolist())
@@ -176,11 +196,7 @@ def _public_key_folds(req, params, frame, key_table, lookup, seeded):
                 held = int((fold.coarse if fold.spilled else fold.fine).codes.size)
                 folds.append((fold.spilled, held, frozenset(key_of[g] for g in gids), everyone))
             fold.close()
-        if seeded:
-            for out in _release.release_partition(iter(batches), params):
-                for gid, value in zip(out.column(GID).to_pylist(), out.column("value").to_pylist()):
-                    replayed[key_of[gid]] = tuple(value)
-    return folds, (replayed if seeded else None)
+    return folds
 
 
 def kept_of_others(observed: Observed, unit) -> Counter:

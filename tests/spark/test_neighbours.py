@@ -40,7 +40,8 @@ from dpq_spark.core.errors import BoundsNotFoundError  # noqa: E402
 from dpq_spark.spark._columns import UNITS  # noqa: E402
 from dpq_spark.spark._keys import key_seed  # noqa: E402
 
-from _neighbours import kept_of_others, observe, transcript_bound, without_unit  # noqa: E402
+from _neighbours import (kept_of_others, observe, stretch_folds, transcript_bound,  # noqa: E402
+                        without_unit)
 
 U = 7  # the privacy unit that one neighbour holds and the other does not
 BOUNDS = dict(lower=0.0, upper=10.0)
@@ -273,19 +274,27 @@ def test_audit_notices_other_randomness_in_untouched_groups(spark):
 
 
 def test_a_spill_decision_differs_between_neighbours_and_nothing_else(spark, monkeypatch):
-    """The fold's spill is decided from a stretch's data: at a budget where D's partition
-    holding the unit spills and D''s does not, the decisions differ, only in partitions that
-    hold the unit (documented: time, memory and disk, docs/security.md), and every other check
-    still holds; the replayed folds are the executors' (their releases match)."""
+    """The fold's spill is decided from a stretch's data: at a budget where a stretch of D's
+    spills and D''s does not (found by replaying the partitions Spark shuffled at every budget
+    up to their size), the decisions differ, only in partitions that hold the unit
+    (documented: time, memory and disk, docs/security.md), and every other check still holds;
+    the replayed folds are the executors' (their releases match)."""
     column, kwargs, _ = CASES["literal keys, R=2 G=2, JointExp, double"]
     monkeypatch.setattr(_fold, "SPILL_SHRINK", 1.0)  # spill whenever past the budget
     big, small = _pair(spark, column, kwargs, 11)
-    touched = set(big.unit_rows(U))
-    sizes = [(held_small, held_big) for (_, held_big, keys, _), (_, held_small, _, _)
-             in zip(big.folds, small.folds) if keys & touched and held_big > held_small]
-    assert sizes, "the unit adds no distinct cell to any partition: no boundary to test"
-    monkeypatch.setattr(_fold, "FOLD_BUDGET", sizes[0][0])  # D' fits, D does not
+
+    def differing(budget):
+        a, b = ({key: spilled for spilled, _, keys, _ in
+                 stretch_folds(o.partitions, dataclasses.replace(o.params, fold_budget=budget),
+                               o.key_of) for key in keys} for o in (big, small))
+        return {key for key in a.keys() & b.keys() if a[key] != b[key]}
+
+    top = max(held for _, held, _, _ in big.folds)
+    budget = next((b for b in range(1, top + 1) if differing(b)), None)
+    assert budget, "no budget at which the unit moves a spill decision: no boundary to test"
+    monkeypatch.setattr(_fold, "FOLD_BUDGET", budget)  # a stretch of D spills, D''s does not
     big, small = _pair(spark, column, kwargs, 11)
+    touched = set(big.unit_rows(U))
     a, b = _branches(big), _branches(small)
     differ = {key for key in a.keys() & b.keys() if a[key] != b[key]}
     partition = {key: everyone for _, _, keys, everyone in big.folds for key in keys}

@@ -387,7 +387,9 @@ def test_a_partition_is_released_a_stretch_at_a_time(monkeypatch):
     released stretch by stretch, each exactly once and from its own rows (epsilon 1e4: within
     a point of the median; each group's rows have a range of their own), and no fold writes
     sorted runs or spills (each holds about a budget of codes, however many groups the
-    partition has)."""
+    partition has; the fold merges its buffered codes once they reach its budget, as with the
+    production constants, so a stretch as large as the budget would write a run)."""
+    monkeypatch.setattr(_fold, "_COMPACT_ROWS", 900)
     gids, k, packed = _packed_groups(monkeypatch, 200, 41, 13)
     batches = sorted_by_bucket(packed, 11)
     folds, writes = [], []
