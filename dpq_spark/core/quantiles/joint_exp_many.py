@@ -1099,7 +1099,7 @@ def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarr
     S_all = fw.S_all
     while todo.size:
         g, jj, ii = rows[todo], j[todo], i[todo]
-        k = 1 + _draw_padded(fw.run_terms(jj, ii, g), source)
+        k = _run_lengths(fw, jj, ii, g, source)
         run = (cols >= (jj - k)[:, None]) & (cols < jj[:, None])
         cell_of[todo] = np.where(run, ii[:, None], cell_of[todo])
         jj = jj - k
@@ -1122,6 +1122,25 @@ def _backward(fw: _Forward, rows: np.ndarray, i: np.ndarray, source) -> np.ndarr
         log_w = S_all[e + np.repeat(at, stop)] - fw.c * np.abs(d)
         i[todo] = first + _draw_segments(log_w, offsets, stop, source)
     return cell_of
+
+
+def _run_lengths(fw: _Forward, j, i, g, source) -> np.ndarray:
+    """The length k of the run of equal cells that ends at output ``j`` in cell ``i`` (group
+    ``g``), drawn for every row from :meth:`_Forward.run_terms`. A row whose cell lies in none
+    of its group's bands 1..j-1 can only end a run of one (every longer run's first output
+    would lie outside its band, a weight of exactly 0), so it gets k = 1 without a draw, and
+    only the others are drawn. With one row it is drawn (a draw of one weight), so that one
+    group consumes randomness as the single-group sampler does (see :func:`_draw_padded`)."""
+    k = np.ones(j.size, dtype=np.int64)
+    if j.size == 1:
+        return k + _draw_padded(fw.run_terms(j, i, g), source)
+    lo = fw.first[g]
+    earlier = ((lo <= i[:, None]) & (i[:, None] < lo + fw.length[g])
+               & (np.arange(1, fw.m + 1)[None, :] < j[:, None]))
+    some = np.flatnonzero(earlier.any(axis=1))
+    if some.size:
+        k[some] += _draw_padded(fw.run_terms(j[some], i[some], g[some]), source)
+    return k
 
 
 #: rows of at most this many weights go through draw_index_rows (int64 envelope units)
