@@ -18,9 +18,9 @@ __all__ = ["FOLD_BUDGET", "SPILL_SHRINK", "Fold", "CodeCounter", "run_starts", "
 
 #: Distinct (group, grid index) pairs a fold may hold in memory before it considers a spill
 #: (the driver copies the value into ``ReleaseParams.fold_budget``; tests lower it); with public
-#: keys a partition is released in stretches of whole buckets of half of it and one bucket more
-#: at most (:func:`~dpq_spark.spark._packing.bucket_pieces`), so a fold goes past it only for a
-#: bucket larger than that half. The
+#: keys a partition is released in stretches of whole buckets of it and one bucket more at most
+#: (:func:`~dpq_spark.spark._packing.bucket_pieces`), each in a fold of twice this budget, so
+#: such a fold goes past its budget only for a bucket larger than this. The
 #: fold's merges hold a few times this many codes at once: one partition of 8e6 rows, released
 #: in one process, grew by 254-260 MiB at 2**21 and by 144-179 MiB at 2**20, for the same CPU
 #: time within noise (1e3 to 8e4 groups, with bounds; 1e3 groups of 1e3 rows without bounds:

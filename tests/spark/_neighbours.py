@@ -180,14 +180,14 @@ def stretch_folds(partitions, params, key_of) -> list:
     keys)."""
     folds = []
     for batches in partitions:
-        stretches, fold, gids = [], _release.new_fold(params), set()
-        for codes, counts, whole in bucket_pieces(iter(batches), _release.stretch_codes(params)):
+        stretches, fold, gids = [], _release.stretch_fold(params), set()
+        for codes, counts, whole in bucket_pieces(iter(batches), params.fold_budget):
             if codes.size:
                 fold.add(codes, counts)
                 gids |= set((codes >> Fold.SHIFT).tolist())
             if whole:
                 stretches.append((fold, gids))
-                fold, gids = _release.new_fold(params), set()
+                fold, gids = _release.stretch_fold(params), set()
         stretches.append((fold, gids))
         everyone = frozenset(key_of[g] for _, gids in stretches for g in gids)
         for fold, gids in stretches:

@@ -254,7 +254,7 @@ def test_bounds_free_partition_past_the_fold_budget_releases_each_group_once(mon
     real_write, real_new = _fold.Fold._write_run, _release.new_fold
     monkeypatch.setattr(_fold.Fold, "_write_run",
                         lambda self, c, w: runs.append(c.size) or real_write(self, c, w))
-    monkeypatch.setattr(_release, "new_fold", lambda p: folds.append(1) or real_new(p))
+    monkeypatch.setattr(_release, "new_fold", lambda *a: folds.append(1) or real_new(*a))
 
     def past_the_budget():
         if keyed:  # one fold for the partition: sorted runs of about the budget

@@ -387,14 +387,14 @@ def test_a_partition_is_released_a_stretch_at_a_time(monkeypatch):
     released stretch by stretch, each exactly once and from its own rows (epsilon 1e4: within
     a point of the median; each group's rows have a range of their own), and no fold writes
     sorted runs or spills (each holds about a budget of codes, however many groups the
-    partition has; the fold merges its buffered codes once they reach its budget, as with the
-    production constants, so a stretch as large as the budget would write a run)."""
+    partition has; the fold merges its buffered codes once they reach the budget, as with the
+    production constants, so a stretch's fold of only the budget would write a run)."""
     monkeypatch.setattr(_fold, "_COMPACT_ROWS", 900)
     gids, k, packed = _packed_groups(monkeypatch, 200, 41, 13)
     batches = sorted_by_bucket(packed, 11)
     folds, writes = [], []
     real_new = _release.new_fold
-    monkeypatch.setattr(_release, "new_fold", lambda p: folds.append(real_new(p)) or folds[-1])
+    monkeypatch.setattr(_release, "new_fold", lambda *a: folds.append(real_new(*a)) or folds[-1])
     monkeypatch.setattr(_fold.Fold, "_write_run", lambda *a: writes.append(1))
     monkeypatch.setattr(_fold.Fold, "_start_spill", lambda *a: writes.append(1))
     params = _params(keys=("g",), extra_columns=(_columns.CODE,), epsilon=1e4, fold_budget=900)
