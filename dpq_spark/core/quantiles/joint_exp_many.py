@@ -1134,10 +1134,9 @@ def _run_lengths(fw: _Forward, j, i, g, source) -> np.ndarray:
     k = np.ones(j.size, dtype=np.int64)
     if j.size == 1:
         return k + _draw_padded(fw.run_terms(j, i, g), source)
-    lo = fw.first[g]
-    earlier = ((lo <= i[:, None]) & (i[:, None] < lo + fw.length[g])
-               & (np.arange(1, fw.m + 1)[None, :] < j[:, None]))
-    some = np.flatnonzero(earlier.any(axis=1))
+    jp = np.broadcast_to(np.arange(1, fw.m + 1), (j.size, fw.m))  # every band, row by row
+    _, inside = fw._index(jp.ravel(), np.repeat(i, fw.m), np.repeat(g, fw.m))
+    some = np.flatnonzero((inside.reshape(jp.shape) & (jp < j[:, None])).any(axis=1))
     if some.size:
         k[some] += _draw_padded(fw.run_terms(j[some], i[some], g[some]), source)
     return k
