@@ -34,8 +34,8 @@ from pyspark.sql import types as T
 
 from dpq_spark.spark._arrow import binary_value
 
-__all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "arrow_type", "arrow_schema",
-           "try_cast", "is_column", "is_dataframe", "is_collated"]
+__all__ = ["SPARK_VERSION", "to_arrow", "create_dataframe", "LOCAL_ROWS_PER_PARTITION",
+           "arrow_type", "arrow_schema", "try_cast", "is_column", "is_dataframe", "is_collated"]
 
 SPARK_VERSION: tuple[int, int] = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
 _SPARK4 = SPARK_VERSION >= (4, 0)
@@ -69,8 +69,29 @@ def to_arrow(df: DataFrame) -> pa.Table:
     return pa.concat_tables([t.cast(schema) for t in tables])
 
 
+#: rows of a local table that one partition of :func:`create_dataframe`'s DataFrame holds
+LOCAL_ROWS_PER_PARTITION = 1 << 19
+
+
 def create_dataframe(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
-    """A DataFrame over the local rows of ``table`` (column names and order as in ``schema``)."""
+    """A DataFrame over the local rows of ``table`` (column names and order as in ``schema``).
+
+    Spark's Arrow conversion makes one partition per Arrow batch of
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10,000 by default; on pyspark 4 only
+    for a table above ``spark.sql.execution.arrow.localRelationThreshold``, 48 MiB, a smaller
+    one being a local relation, which Spark reads without a job), so reading 1e6 rows would
+    run 100 tasks and writing them 100 files. A table of more than ``LOCAL_ROWS_PER_PARTITION``
+    rows is coalesced (no shuffle, row order kept) to one partition per that many rows: on 2
+    cores, ``toPandas()`` of 1e6 rows of deciles took 1.1-1.4 s in 1 to 4 partitions against
+    1.6-1.7 s in 100. A smaller table is left as Spark makes it.
+    """
+    df = _create(spark, table, schema)
+    if table.num_rows <= LOCAL_ROWS_PER_PARTITION:
+        return df
+    return df.coalesce(-(-table.num_rows // LOCAL_ROWS_PER_PARTITION))
+
+
+def _create(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
     if _SPARK4:
         return spark.createDataFrame(table, schema=schema)
     arrow = spark.conf.get("spark.sql.execution.arrow.pyspark.enabled", "false").lower() == "true"

@@ -72,6 +72,43 @@ def test_create_dataframe_round_trips_exactly(spark):
     assert [tuple(r) for r in df.collect()] == ROWS
 
 
+@pytest.fixture
+def arrow_batches(spark):
+    """Small Arrow batches, and no local relation however small the table (Spark 4 keeps a
+    table under 48 MiB as one): the conversion makes one partition per batch of 1,000 rows."""
+    confs = {"spark.sql.execution.arrow.maxRecordsPerBatch": "1000",
+             "spark.sql.execution.arrow.localRelationThreshold": "0"}
+    before = {k: spark.conf.get(k, None) for k in confs}
+    for k, v in confs.items():
+        spark.conf.set(k, v)
+    yield
+    for k, v in before.items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+
+
+def _partitions(df) -> int:
+    return df.select(F.spark_partition_id()).distinct().count()
+
+
+def test_create_dataframe_holds_a_partition_per_block_of_rows(spark, arrow_batches, monkeypatch):
+    """Spark's Arrow conversion makes one partition per batch (100 tasks to read 1e6 rows at its
+    default 10,000 rows a batch): a table of more than LOCAL_ROWS_PER_PARTITION rows is held in
+    one partition per that many rows, in order; a smaller one is left as Spark makes it."""
+    monkeypatch.setattr(_compat, "LOCAL_ROWS_PER_PARTITION", 10_000)
+    for rows, parts in ((25_000, 3), (10_000, 10)):
+        table = pa.table({"i": pa.array(range(rows), pa.int64()), "s": pa.nulls(rows, pa.string()),
+                          "d": pa.nulls(rows, pa.date32()), "x": pa.array([0.5] * rows)})
+        raw = _partitions(_compat._create(spark, table, SCHEMA))
+        if _compat.SPARK_VERSION >= (4, 0) and rows > 1000:
+            assert raw == rows // 1000  # the batches of the conversion (the test's power)
+        df = _compat.create_dataframe(spark, table, SCHEMA)
+        assert _partitions(df) == min(raw, parts)
+        assert [r[0] for r in df.select("i").collect()] == list(range(rows))
+
+
 def test_create_dataframe_of_no_rows(spark):
     empty = pa.schema([("i", pa.int64()), ("s", pa.string()), ("d", pa.date32()),
                        ("x", pa.float64())]).empty_table()
