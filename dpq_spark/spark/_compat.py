@@ -80,10 +80,9 @@ def create_dataframe(spark, table: pa.Table, schema: T.StructType) -> DataFrame:
     ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10,000 by default; on pyspark 4 only
     for a table above ``spark.sql.execution.arrow.localRelationThreshold``, 48 MiB, a smaller
     one being a local relation, which Spark reads without a job), so reading 1e6 rows would
-    run 100 tasks and writing them 100 files. A table of more than ``LOCAL_ROWS_PER_PARTITION``
-    rows is coalesced (no shuffle, row order kept) to one partition per that many rows: on 2
-    cores, ``toPandas()`` of 1e6 rows of deciles took 1.1-1.4 s in 1 to 4 partitions against
-    1.6-1.7 s in 100. A smaller table is left as Spark makes it.
+    run 100 tasks and writing them would make 100 files. A table of more than
+    ``LOCAL_ROWS_PER_PARTITION`` rows is coalesced (no shuffle, row order kept) to one
+    partition per that many rows; a smaller table is left as Spark makes it.
     """
     df = _create(spark, table, schema)
     if table.num_rows <= LOCAL_ROWS_PER_PARTITION:
