@@ -27,9 +27,12 @@ $(STAMP35): pyproject.toml
 	touch $(STAMP35)
 
 # pytest exits 5 when it collected no test; that is not a failure of the code.
+# Two xdist workers: one runs every test that starts a JVM, in order, the other the numpy-only
+# core tests (tests/conftest.py); TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) pg-server
-	@echo "make test: pyspark 4.x, all tests (about 14-18 minutes on 2 idle cores)"
-	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
+	@echo "make test: pyspark 4.x, all tests (about 12-16 minutes on 2 idle cores)"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests || [ $$? -eq 5 ]
 
 test-spark35: $(STAMP35) pg-server
 	@echo "make test-spark35: pyspark 3.5, Spark and job tests, Arrow conversions $${DPQ_TEST_ARROW:-true} (about 8-9 minutes on 2 idle cores)"

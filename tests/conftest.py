@@ -29,6 +29,26 @@ SPARK_CONF = {
 
 
 def pytest_collection_modifyitems(config, items):
+    _skip_spark4_tests_on_spark35(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``pytest -n 2`` (``make test``), one xdist worker runs every test outside
+    ``tests/core``, in collection order, as a serial run would: one Spark session, one PostgreSQL
+    server, one standalone cluster, and never two tests starting JVMs at once on a 2-core machine.
+    The numpy-only core tests go to the other worker(s) one by one. (xdist's own ``loadgroup``
+    marks cannot do this on pytest >= 9.2, which no longer lets a plugin rename a test.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class JvmTestsInOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return nodeid if nodeid.startswith("tests/core/") else "jvm"
+
+    return JvmTestsInOneWorker(config, log)
+
+
+def _skip_spark4_tests_on_spark35(items):
     """``@pytest.mark.spark4`` tests (Spark Connect) are skipped, with the reason, on pyspark 3.5."""
     marked = [item for item in items if item.get_closest_marker("spark4")]
     if not marked:
