@@ -6,6 +6,9 @@ it did not start. Tests that need pyspark should take this fixture; core tests m
 
 ``standalone_cluster``: a real Spark standalone master and worker on 127.0.0.1 for
 ``spark-submit`` tests; see :mod:`tests.cluster`.
+
+Under ``pytest -n 2`` (``make test``), every test outside ``tests/core`` runs in one xdist worker
+(``pytest_xdist_make_scheduler`` below).
 """
 
 from __future__ import annotations
@@ -28,10 +31,6 @@ SPARK_CONF = {
 }
 
 
-def pytest_collection_modifyitems(config, items):
-    _skip_spark4_tests_on_spark35(items)
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under ``pytest -n 2`` (``make test``), one xdist worker runs every test outside
@@ -48,7 +47,7 @@ def pytest_xdist_make_scheduler(config, log):
     return JvmTestsInOneWorker(config, log)
 
 
-def _skip_spark4_tests_on_spark35(items):
+def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.spark4`` tests (Spark Connect) are skipped, with the reason, on pyspark 3.5."""
     marked = [item for item in items if item.get_closest_marker("spark4")]
     if not marked:
