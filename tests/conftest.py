@@ -37,7 +37,8 @@ def pytest_xdist_make_scheduler(config, log):
     ``tests/core``, in collection order, as a serial run would: one Spark session, one PostgreSQL
     server, one standalone cluster, and never two tests starting JVMs at once on a 2-core machine.
     The numpy-only core tests go to the other worker(s) one by one. (xdist's own ``loadgroup``
-    marks cannot do this on pytest >= 9.2, which no longer lets a plugin rename a test.)"""
+    marks cannot do this on pytest >= 9.2, which no longer lets a plugin rename a test:
+    pytest-dev/pytest-xdist issue 1386.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class JvmTestsInOneWorker(LoadScopeScheduling):
